@@ -1,0 +1,92 @@
+"""``chunked``: vLLM V1's scheduler (chunked prefill, Sarathi-style mixed batches).
+
+Rules, as vLLM 0.33 ``vllm/v1/core/sched/scheduler.py`` applies them (checked step by step
+against ../shared/vllm-oracle):
+1. A token budget of max_num_batched_tokens per step. Running requests first, in order:
+   each gets num_tokens - num_computed_tokens new tokens (1 for a decode, the next chunk
+   for a partial prefill), capped by long_prefill_token_threshold (only while more than
+   one request is running or waiting), the budget, and max_model_len - 1 - computed.
+2. When a running request cannot get blocks, preempt the victim (tail of running; under
+   priority the largest (priority, arrival_time)) until it fits, possibly itself.
+   A victim that was already scheduled this step gives its tokens back.
+3. Then, only if nothing was preempted, admit waiting requests in queue order while
+   budget and max_num_seqs allow and the blocks fit; with scheduler_reserve_full_isl the
+   free pool must hold all of the request's current tokens (a check, not a reservation).
+   The last admitted prompt may be chunked. Admission stops at the first that does not fit.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from policies.base import QueuePolicy
+from sim.batch import BatchPlan
+from sim.request import Request
+
+
+class ChunkedPolicy(QueuePolicy):
+    """vLLM V1 chunked-prefill scheduling; see the module docstring for the rules."""
+
+    name: ClassVar[str] = "chunked"
+
+    def schedule(self, now: float) -> BatchPlan:
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
+        if threshold and len(self.running) + len(self.waiting) <= 1:
+            threshold = 0
+        scheduled: dict[Request, int] = {}
+        preempted: list[Request] = []
+        budget = self._schedule_running(scheduled, preempted, threshold)
+        if not preempted:
+            self._schedule_waiting(scheduled, budget, threshold)
+        return BatchPlan(list(scheduled.items()), preempted, len(self.running))
+
+    def _schedule_running(
+        self, scheduled: dict[Request, int], preempted: list[Request], threshold: int
+    ) -> int:
+        budget = self.config.max_num_batched_tokens
+        max_len = self.config.max_model_len
+        kv = self.kv
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed_tokens
+            n = req.num_prompt_tokens + req.num_output_tokens - computed
+            if threshold and n > threshold:
+                n = threshold
+            n = min(n, budget, max_len - 1 - computed)
+            if n <= 0:
+                i += 1
+                continue
+            while kv.allocate_slots(req, n) is None:
+                victim = self.pick_victim()
+                if victim in scheduled:
+                    budget += scheduled.pop(victim)
+                    i -= 1
+                self.preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    return budget
+            scheduled[req] = n
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(
+        self, scheduled: dict[Request, int], budget: int, threshold: int
+    ) -> None:
+        cfg, kv, waiting = self.config, self.kv, self.waiting
+        while len(waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = waiting.peek()
+            n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+            if threshold and n > threshold:
+                n = threshold
+            n = min(n, budget)
+            if cfg.scheduler_reserve_full_isl and not kv.can_fit(req, req.num_tokens):
+                break
+            if kv.allocate_slots(req, n) is None:
+                break
+            self.admit(req)
+            scheduled[req] = n
+            budget -= n

@@ -1,0 +1,90 @@
+"""What a policy decided for one step (BatchPlan) and what a cost model needs to price it
+(BatchShape: token counts and context sizes, no Request objects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """The work of one engine step, as a cost model sees it.
+
+    A scheduled entry with n new tokens over c already-computed tokens is a *decode* when
+    it is a single token of a request that has produced output (n == 1); every other entry
+    is a *prefill chunk* (including recompute after preemption).
+
+    Fields (all token counts are ints >= 0):
+      num_prefill_tokens: sum of n over prefill chunks.
+      num_prefill_seqs: number of prefill chunks.
+      prefill_context_tokens: sum of c (prior context) over prefill chunks.
+      prefill_attention_pairs: sum over prefill chunks of n*c + n*(n+1)/2, the number of
+        (query, key) pairs causal attention computes (quadratic in the chunk length).
+      num_decode_seqs: number of decodes (each is one token).
+      decode_context_tokens: sum over decodes of c + 1, the keys each decode attends to.
+      num_sampled_seqs: sequences that produce a token this step (LM-head rows).
+    """
+
+    num_prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    prefill_context_tokens: int = 0
+    prefill_attention_pairs: int = 0
+    num_decode_seqs: int = 0
+    decode_context_tokens: int = 0
+    num_sampled_seqs: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """All tokens through the linear layers this step."""
+        return self.num_prefill_tokens + self.num_decode_seqs
+
+    @property
+    def num_seqs(self) -> int:
+        return self.num_prefill_seqs + self.num_decode_seqs
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One step's decision.
+
+    scheduled: (request, num_new_tokens) pairs in execution order; num_new_tokens >= 1.
+    preempted: requests preempted while building this step (already freed by the policy).
+    num_slots_held: requests holding a batch slot this step (computing or not); used for
+      the useful / idle / empty slot accounting. Defaults to len(scheduled).
+    cost_shape: the shape to charge when it differs from what ``scheduled`` implies
+      (static batching pads prompts and keeps computing finished members); None = derive.
+    extra_time_s: time added to the step on top of the cost model (e.g. swap transfers).
+    """
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_slots_held: int | None = None
+    cost_shape: BatchShape | None = None
+    extra_time_s: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.scheduled)
+
+
+def shape_of(scheduled: list[tuple[Request, int]]) -> BatchShape:
+    """Derive the BatchShape of a list of (request, num_new_tokens) entries, read before
+    the engine applies them (so num_computed_tokens is the prior context)."""
+    p_tok = p_seqs = p_ctx = p_pairs = d_seqs = d_ctx = sampled = 0
+    for req, n in scheduled:
+        c = req.num_computed_tokens
+        if n == 1 and req.num_output_tokens > 0:
+            d_seqs += 1
+            d_ctx += c + 1
+            sampled += 1
+        else:
+            p_tok += n
+            p_seqs += 1
+            p_ctx += c
+            p_pairs += n * c + n * (n + 1) // 2
+            if c + n >= req.num_prompt_tokens + req.num_output_tokens:
+                sampled += 1
+    return BatchShape(p_tok, p_seqs, p_ctx, p_pairs, d_seqs, d_ctx, sampled)

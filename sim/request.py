@@ -1,0 +1,73 @@
+"""Request state: the workload facts of one request plus its progress through the engine.
+
+One owner: the engine's update step advances ``num_computed_tokens`` and produces output
+tokens; policies move requests between their queues and call the KV cache manager.
+Vocabulary follows vLLM V1 (``vllm/v1/request.py``): a request's ``num_computed_tokens``
+catches up with ``num_tokens`` (prompt plus generated tokens) under a per-step budget.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    """Lifecycle: WAITING -> RUNNING -> (PREEMPTED -> RUNNING ->) FINISHED, or REJECTED."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request.
+
+    Spec fields (from the workload): ``request_id``, ``arrival_time`` (s),
+    ``num_prompt_tokens``, ``output_len`` (tokens the request generates before it stops:
+    a workload fact that no policy may read), ``max_tokens`` (the client's cap, which
+    policies may read) and ``priority`` (lower value = more urgent, as in vLLM).
+
+    Progress fields are advanced by the engine; times are simulated seconds, None until
+    the event happens. ``finish_reason`` is ``"stop"`` (output_len reached), ``"length"``
+    (max_tokens or max_model_len reached) or None; ``reason`` explains a rejection.
+    Equality is identity (two requests are never "equal" by value).
+    """
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    output_len: int
+    max_tokens: int
+    priority: int = 0
+    index: int = 0
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+    reason: str | None = None
+    # Swap-out bookkeeping for swap preemption (issue 3); 0 when not swapped.
+    num_swapped_blocks: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: the prompt plus every generated token (vLLM's ``num_tokens``)."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens still to compute before the next output token can be sampled."""
+        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED or self.status is RequestStatus.REJECTED

@@ -1,0 +1,54 @@
+"""Shared test factories (vLLM-style): make_requests, run_sim, and the shared/ path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from policies import get_policy_class
+from sim.config import SchedulerConfig
+from sim.cost_model import ConstantCostModel, CostModel
+from sim.request import Request
+from sim.simulate import SimResult, simulate
+from sim.source import RequestListArrivals
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def shared_path(*parts: str) -> Path:
+    """A file under ../shared, or skip the test with a clear reason when it is absent."""
+    p = SHARED.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"{p} not found: the shared/ folder (traces, oracle) is not beside the repo")
+    return p
+
+
+def make_requests(
+    output_lens: Sequence[int], prompt: int | Sequence[int] = 4,
+    arrivals: float | Sequence[float] = 0.0, max_tokens: Sequence[int] | None = None,
+    priorities: Sequence[int] | None = None,
+) -> list[Request]:
+    n = len(output_lens)
+    prompts = [prompt] * n if isinstance(prompt, int) else list(prompt)
+    times = [float(arrivals)] * n if isinstance(arrivals, (int, float)) else list(arrivals)
+    caps = list(max_tokens) if max_tokens is not None else list(output_lens)
+    prios = list(priorities) if priorities is not None else [0] * n
+    return [
+        Request(str(i), times[i], prompts[i], output_lens[i], caps[i], prios[i], i)
+        for i in range(n)
+    ]
+
+
+def run_sim(
+    requests: list[Request], policy: str = "chunked", *, step_time: float = 1.0,
+    cost_model: CostModel | None = None, num_gpu_blocks: int = 100_001,
+    block_size: int = 16, **config: object,
+) -> SimResult:
+    cfg = SchedulerConfig(**config)  # type: ignore[arg-type]
+    return simulate(
+        RequestListArrivals(requests), policy_factory=get_policy_class(policy), config=cfg,
+        cost_model=cost_model or ConstantCostModel(step_time),
+        num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+    )

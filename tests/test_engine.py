@@ -1,0 +1,173 @@
+"""Exact schedules with a constant step time c = 1 (hand-computed; cases from
+../shared/cases/README.md and the issue's worked examples)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sim.batch import BatchShape
+from tests.conftest import make_requests, run_sim
+
+TEACHING = [8, 2, 3, 4, 4, 6]
+
+
+def fractions(summary: dict) -> tuple[float, float, float]:
+    s = summary["slots"]
+    return s["useful_fraction"], s["idle_fraction"], s["empty_fraction"]
+
+
+def test_static_one_long_seven_short() -> None:
+    # One request of 500 tokens and seven of 50 in one batch of 8: the batch lasts 500
+    # steps; useful slot-steps = 500 + 7 * 50 = 850 of 4000 -> idle 3150 / 4000.
+    res = run_sim(make_requests([500] + [50] * 7), "static", max_num_seqs=8)
+    assert res.summary["duration_s"] == 500
+    assert fractions(res.summary)[1] == pytest.approx(0.7875)
+    assert (res.requests["finish_time"] == 500).all()  # results returned at batch end
+
+
+def test_static_interleaved_batches() -> None:
+    # 64 requests, every batch of 16 holds 4 each of 32/64/128/512: each batch lasts 512
+    # steps, useful = 4 * (32 + 64 + 128 + 512) = 2944 of 16 * 512 = 8192 -> 184/512.
+    outs = [32, 64, 128, 512] * 16
+    res = run_sim(make_requests(outs), "static", max_num_seqs=16)
+    assert res.summary["duration_s"] == 4 * 512
+    assert fractions(res.summary)[1] == pytest.approx(1 - 184 / 512)
+    assert fractions(res.summary)[2] == 0
+
+
+def test_teaching_static() -> None:
+    res = run_sim(make_requests(TEACHING), "static", max_num_seqs=4)
+    assert res.summary["duration_s"] == 14
+    assert fractions(res.summary) == pytest.approx((27 / 56, 17 / 56, 12 / 56))
+    # Batch 1 ends at 8, batch 2 (8 + 6) at 14; first token = end of each prefill step.
+    assert list(res.requests["finish_time"]) == [8, 8, 8, 8, 14, 14]
+    assert list(res.requests["first_token_time"]) == [1, 1, 1, 1, 9, 9]
+
+
+def test_teaching_chunked() -> None:
+    res = run_sim(make_requests(TEACHING), "chunked", max_num_seqs=4)
+    assert res.summary["duration_s"] == 9
+    assert fractions(res.summary) == pytest.approx((27 / 36, 0, 9 / 36))
+    df = res.requests
+    # The 5th starts where the 2nd finished (step 3), the 6th where the 3rd did (step 4).
+    assert list(df["first_scheduled_time"]) == [0, 0, 0, 0, 2, 3]
+    assert list(df["finish_time"]) == [8, 2, 3, 4, 6, 9]
+
+
+def test_k09_static_vs_continuous_twelve_requests() -> None:
+    outs = [40, 3, 25, 5, 60, 4, 18, 6, 33, 2, 50, 8]
+    st = run_sim(make_requests(outs), "static", max_num_seqs=4)
+    assert sorted(set(st.requests["finish_time"])) == [40, 100, 150]
+    u, i, e = fractions(st.summary)
+    assert u == pytest.approx(254 / 600)
+    assert i + e == pytest.approx(1 - 254 / 600)
+    ch = run_sim(make_requests(outs), "chunked", max_num_seqs=4)
+    assert ch.summary["duration_s"] == 83
+    assert list(ch.requests["finish_time"]) == [40, 3, 25, 5, 63, 9, 27, 31, 60, 33, 83, 48]
+    assert (ch.requests["finish_time"] <= st.requests["finish_time"]).all()
+
+
+class PrefillDecodeCost:
+    """K04's cost model: 0.1 s for a step holding a prefill, 0.02 s for a decode step."""
+
+    def step_time(self, shape: BatchShape) -> float:
+        return 0.1 if shape.num_prefill_tokens else 0.02
+
+
+def test_k04_one_slot_infinite_rate() -> None:
+    res = run_sim(make_requests([101] * 5), max_num_seqs=1, cost_model=PrefillDecodeCost())
+    df = res.requests
+    assert df["ttft_s"].to_numpy() == pytest.approx([0.1, 2.2, 4.3, 6.4, 8.5])
+    assert df["e2e_latency_s"].to_numpy() == pytest.approx([2.1, 4.2, 6.3, 8.4, 10.5])
+    assert df["tpot_s"].to_numpy() == pytest.approx([0.02] * 5)
+    assert df["queued_time_s"].to_numpy() == pytest.approx([0, 2.1, 4.2, 6.3, 8.4])
+    s = res.summary
+    assert s["ttft_s"]["mean"] == pytest.approx(4.3)
+    assert s["duration_s"] == pytest.approx(10.5)
+    assert s["throughput"]["requests_per_s"] == pytest.approx(5 / 10.5)
+    assert s["throughput"]["output_tokens_per_s"] == pytest.approx(505 / 10.5)
+
+
+def test_k05_one_token_outputs_have_no_tpot() -> None:
+    res = run_sim(make_requests([1, 2, 101]), step_time=0.01)
+    df = res.requests
+    assert df.loc[0, "ttft_s"] == df.loc[0, "e2e_latency_s"]
+    assert math.isnan(df.loc[0, "tpot_s"])
+    assert df.loc[1, "tpot_s"] == pytest.approx(df.loc[1, "e2e_latency_s"] - df.loc[1, "ttft_s"])
+    assert df.loc[2, "tpot_s"] == pytest.approx(
+        (df.loc[2, "e2e_latency_s"] - df.loc[2, "ttft_s"]) / 100)
+    assert df["tpot_s"].notna().sum() == 2
+    assert len(res.itl_s) == 0 + 1 + 100
+
+
+def test_k03_context_length_boundary() -> None:
+    reqs = make_requests([16] * 4, prompt=[4078, 4079, 4080, 4081])
+    res = run_sim(reqs, max_model_len=4096)
+    df = res.requests
+    assert list(df["status"]) == ["finished"] * 3 + ["rejected"]
+    assert list(df["num_output_tokens"][:3]) == [16, 16, 16]
+    assert "max_model_len" in df.loc[3, "reason"]
+    assert res.summary["num_rejected"] == 1
+
+
+def test_k02_request_larger_than_pool() -> None:
+    # 50 blocks = 49 usable + the null block (784 tokens).
+    reqs = make_requests([50, 50, 50, 50, 200], prompt=[1002, 6, 6, 6, 700])
+    res = run_sim(reqs, num_gpu_blocks=50, max_num_seqs=8, max_num_batched_tokens=2048)
+    df = res.requests
+    assert list(df["status"]) == ["rejected", "finished", "finished", "finished", "rejected"]
+    assert "63 KV blocks" in df.loc[0, "reason"]
+    assert "57 KV blocks" in df.loc[4, "reason"]
+
+
+def test_k10_k11_preemption_by_recompute() -> None:
+    reqs = make_requests([192] * 8, prompt=64)
+    res = run_sim(reqs, step_time=0.01, num_gpu_blocks=65, max_num_seqs=8,
+                  max_num_batched_tokens=2048)
+    df = res.requests
+    assert list(df["num_preemptions"]) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert df["finish_time"].to_numpy() / 0.01 == pytest.approx(
+        [192] * 4 + [255, 287, 303, 319])
+    assert (df["num_output_tokens"] == 192).all()
+    assert res.summary["num_preemptions"] == 4
+    assert res.steps["num_preempted"].sum() == 4
+    # K11: request 7 keeps its first TTFT; its stall is one long ITL gap.
+    r7 = df.loc[7]
+    assert r7["ttft_s"] == pytest.approx(0.01)
+    assert r7["e2e_latency_s"] == pytest.approx(3.19)
+
+
+def test_k11_itl_samples_of_preempted_request() -> None:
+    res = run_sim(make_requests([192] * 8, prompt=64), step_time=0.01, num_gpu_blocks=65,
+                  max_num_seqs=8)
+    itl = res.itl_s
+    assert len(itl) == 8 * 191  # TTFT is never an ITL sample
+    # Requests 7, 6, 5, 4 emitted their last token one step before their preemption
+    # (66, 82, 98, 130) and their next one at the end of step 193 (re-prefill included).
+    stalls = np.sort(itl[itl > 0.0105]) / 0.01
+    assert stalls == pytest.approx([193 - 129, 193 - 97, 193 - 81, 193 - 65])
+    assert (itl[itl <= 0.0105] == pytest.approx(0.01))
+
+
+def test_arrival_at_step_end_is_seen_by_next_step() -> None:
+    reqs = make_requests([3, 3], arrivals=[0.0, 1.0])
+    res = run_sim(reqs)
+    assert list(res.requests["first_scheduled_time"]) == [0.0, 1.0]
+    assert list(res.requests["first_token_time"]) == [1.0, 2.0]
+
+
+def test_idle_engine_waits_for_next_arrival() -> None:
+    reqs = make_requests([2, 2], arrivals=[0.0, 10.0])
+    res = run_sim(reqs)
+    assert list(res.requests["finish_time"]) == [2.0, 12.0]
+    assert len(res.steps) == 4  # no polling steps while idle
+
+
+def test_same_seed_same_records() -> None:
+    outs = list(np.random.default_rng(3).integers(1, 50, size=40))
+    a = run_sim(make_requests(outs, arrivals=list(np.arange(40) * 0.37)), max_num_seqs=5)
+    b = run_sim(make_requests(outs, arrivals=list(np.arange(40) * 0.37)), max_num_seqs=5)
+    assert a.requests.equals(b.requests)

@@ -1,0 +1,168 @@
+"""KV-cache planning: case K01 (vllm#10517), activation peak, errors."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from calibration.memory import (
+    DEFAULT_NON_TORCH_BYTES,
+    KVCachePlan,
+    activation_peak_bytes,
+    check_max_model_len,
+    plan_for,
+    plan_kv_cache,
+)
+from calibration.specs import GIB, GPUSpec, get_gpu, get_model
+
+
+def gib(x: float) -> int:
+    return round(x * GIB)
+
+
+# The RTX 3090 of case K01 as vLLM saw it: total_gpu_memory=23.58GiB (936 GB/s, 71 TFLOPS
+# are placeholders: the plan reads only memory_bytes).
+RTX_3090 = GPUSpec("rtx-3090", gib(23.58), 936e9, 71e12, 71e12, 35.6e12)
+
+
+def k01_plan(peak_gib: float) -> KVCachePlan:
+    return plan_kv_cache(gib(23.58), 0.90, gib(peak_gib), gib(0.35), 131_072, 16)
+
+
+def test_k01_capacity_at_20000() -> None:
+    plan = k01_plan(17.06)
+    # (23.58 * 0.9 - 17.06 - 0.35) GiB / 2 MiB per block = 1951.7
+    assert abs(plan.num_gpu_blocks - 1951) <= 8
+    assert plan.kv_capacity_tokens == plan.num_gpu_blocks * 16
+    assert plan.kv_capacity_tokens == pytest.approx(31_200, abs=150)
+    assert round(plan.max_concurrency(20_000), 2) == 1.56
+    check_max_model_len(plan, 20_000)
+
+
+def test_k01_max_model_len_29000_does_not_fit() -> None:
+    plan = k01_plan(17.98)
+    assert abs(plan.num_gpu_blocks - 1480) <= 8
+    assert plan.kv_capacity_tokens == pytest.approx(23_700, abs=150)
+    with pytest.raises(ValueError) as err:
+        check_max_model_len(plan, 29_000)
+    message = str(err.value)
+    assert message.startswith(
+        f"max_model_len (29000) is larger than the maximum number of tokens that can be "
+        f"stored in KV cache ({plan.kv_capacity_tokens})"
+    )
+    assert "gpu_memory_utilization" in message and "\n" not in message
+
+
+def test_plan_fields_are_consistent() -> None:
+    plan = plan_kv_cache(gib(23.58), 0.9, gib(17.06), gib(0.35), 131_072, 16, weights_bytes=gib(15))
+    assert plan.requested_bytes == math.floor(gib(23.58) * 0.9)
+    assert plan.kv_bytes == plan.requested_bytes - gib(17.06) - gib(0.35)
+    assert plan.num_gpu_blocks == plan.kv_bytes // (16 * 131_072)
+    assert plan.weights_bytes == gib(15)
+    assert plan.peak_bytes == gib(17.06)
+    assert plan.activation_bytes == gib(17.06) - gib(15)
+    assert plan.kv_bytes_per_token == 131_072 and plan.block_size == 16
+
+
+def test_max_concurrency_qwen_1_5b_pool() -> None:
+    # A pool of 219,328 tokens (13,708 blocks of 16) of Qwen2.5-1.5B (28,672 B/token).
+    plan = KVCachePlan(13_708, 16, 28_672, 219_328, 0, 0, 0, 0, 13_708 * 16 * 28_672)
+    assert plan.max_concurrency(2048) == pytest.approx(107.09, abs=0.005)
+    with pytest.raises(ValueError, match="max_model_len"):
+        plan.max_concurrency(0)
+
+
+def test_activation_peak_by_hand() -> None:
+    model = get_model("llama-3.1-8b")
+    per_token = 2 * (3 * 4096 + 3 * 14_336)  # 110,592 B: residual/input/output + gate_up + act
+    sampler_rows = 256 * 128_256 * (2 + 8)  # bf16 LM-head output + fp32 logits + fp32 probs
+    # Small budget: the sampler phase is the peak.
+    assert activation_peak_bytes(model, 2048, 256, 2) == 2048 * 4096 * 2 + sampler_rows
+    # Large budget: the MLP of the forward pass is.
+    assert activation_peak_bytes(model, 8192, 256, 2) == 8192 * per_token
+
+
+@pytest.mark.parametrize(("tokens", "measured_gib"), [(20_000, 2.07), (29_000, 2.99)])
+def test_activation_peak_matches_vllm_log(tokens: int, measured_gib: float) -> None:
+    # vllm#10517: peak_torch_memory 17.06 / 17.98 GiB minus 14.99 GiB of weights.
+    got = activation_peak_bytes(get_model("llama-3.1-8b"), tokens, 256, 2) / GIB
+    assert got == pytest.approx(measured_gib, rel=0.03)
+
+
+@pytest.mark.parametrize(("max_model_len", "vllm_blocks"), [(20_000, 1952), (29_000, 1478)])
+def test_k01_from_the_spec_alone(max_model_len: int, vllm_blocks: int) -> None:
+    # V0 without chunked prefill profiles max_num_batched_tokens = max_model_len.
+    plan = plan_for(
+        get_model("llama-3.1-8b"), RTX_3090, "bf16", 0.9, max_model_len, 256, 16, gib(0.35)
+    )
+    assert plan.num_gpu_blocks == pytest.approx(vllm_blocks, rel=0.02)
+    if max_model_len == 29_000:
+        with pytest.raises(ValueError, match="max_model_len"):
+            check_max_model_len(plan, max_model_len)
+
+
+def test_blocks_fall_as_token_budget_rises() -> None:
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("a100-80gb")
+    blocks = [
+        plan_for(model, gpu, "bf16", 0.9, budget, 256, 16).num_gpu_blocks
+        for budget in (512, 2048, 4096, 8192, 16_384, 32_768)
+    ]
+    assert all(a > b for a, b in itertools.pairwise(blocks))
+
+
+@pytest.mark.parametrize("util", [0.0, -0.1, 1.01, 2.0])
+def test_utilization_outside_unit_interval(util: float) -> None:
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        plan_kv_cache(gib(80), util, gib(16), gib(0.35), 131_072, 16)
+
+
+def test_utilization_of_one_is_allowed() -> None:
+    plan = plan_kv_cache(gib(80), 1.0, gib(16), 0, 131_072, 16)
+    assert plan.num_gpu_blocks == gib(64) // (16 * 131_072) == 32_768
+
+
+def test_weights_that_do_not_fit() -> None:
+    with pytest.raises(ValueError) as err:
+        plan_for(get_model("llama-3.1-70b"), get_gpu("rtx-3060"), "bf16", 0.9, 8192, 256, 16)
+    message = str(err.value)
+    assert "gpu_memory_utilization" in message and "GiB" in message and "\n" not in message
+
+
+def test_tensor_parallel_shards_weights_and_kv() -> None:
+    model, gpu = get_model("llama-3.1-70b"), get_gpu("a100-80gb")
+    with pytest.raises(ValueError):
+        plan_for(model, gpu, "bf16", 0.9, 8192, 256, 16)
+    plan = plan_for(model, gpu, "bf16", 0.9, 8192, 256, 16, tensor_parallel_size=4)
+    assert plan.kv_bytes_per_token == 327_680 // 4
+    assert plan.weights_bytes == math.ceil(model.weight_bytes() / 4)
+
+
+def test_default_non_torch_bytes() -> None:
+    assert gib(0.35) == DEFAULT_NON_TORCH_BYTES
+    model, gpu = get_model("qwen2.5-1.5b"), get_gpu("l4")
+    assert plan_for(model, gpu, "bf16", 0.9, 8192, 256, 16).non_torch_bytes == gib(0.35)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"block_size": 0}, "block_size"), ({"kv_bytes_per_token": 0}, "kv_bytes_per_token")],
+)
+def test_plan_validation_names_the_field(kwargs: dict[str, int], field: str) -> None:
+    args: dict[str, int | float] = {
+        "total_gpu_memory_bytes": gib(80),
+        "gpu_memory_utilization": 0.9,
+        "peak_memory_bytes": gib(16),
+        "non_torch_bytes": 0,
+        "kv_bytes_per_token": 131_072,
+        "block_size": 16,
+    }
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        plan_kv_cache(**args)  # type: ignore[arg-type]
+
+
+def test_plan_for_rejects_unknown_dtype() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        plan_for(get_model("qwen2.5-0.5b"), get_gpu("l4"), "int4", 0.9, 8192, 256, 16)
