@@ -39,7 +39,7 @@ class ChunkedPolicy(QueuePolicy):
         budget = self._schedule_running(scheduled, preempted, threshold)
         if not preempted:
             self._schedule_waiting(scheduled, budget, threshold)
-        return BatchPlan(list(scheduled.items()), preempted, len(self.running))
+        return BatchPlan(list(scheduled.items()), preempted, self.running)
 
     def _schedule_running(
         self, scheduled: dict[Request, int], preempted: list[Request], threshold: int

@@ -40,7 +40,7 @@ class StaticPolicy(QueuePolicy):
         # Each member attends over the padded prompt plus every token generated so far.
         shape = BatchShape(num_decode_seqs=b, num_sampled_seqs=b,
                            decode_context_tokens=b * (self._max_prompt + self._num_decodes))
-        return BatchPlan(live, [], b, shape)
+        return BatchPlan(live, [], self.running, shape)
 
     def _start_batch(self) -> BatchPlan:
         kv, cap = self.kv, self.kv.num_usable_blocks * self.kv.block_size
@@ -56,7 +56,7 @@ class StaticPolicy(QueuePolicy):
         self._num_decodes = 0
         shape = BatchShape(num_prefill_tokens=b * p, num_prefill_seqs=b,
                            prefill_attention_pairs=b * p * (p + 1) // 2, num_sampled_seqs=b)
-        return BatchPlan([(r, r.num_prompt_tokens) for r in self.running], [], b, shape)
+        return BatchPlan([(r, r.num_prompt_tokens) for r in self.running], [], self.running, shape)
 
     def on_step_end(self, done: list[Request], now: float) -> list[Request]:
         if any(r.status is RequestStatus.RUNNING for r in self.running):

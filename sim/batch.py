@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -53,8 +54,9 @@ class BatchPlan:
 
     scheduled: (request, num_new_tokens) pairs in execution order; num_new_tokens >= 1.
     preempted: requests preempted while building this step (already freed by the policy).
-    num_slots_held: requests holding a batch slot this step (computing or not); used for
-      the useful / idle / empty slot accounting. Defaults to len(scheduled).
+    holders: the requests holding a batch slot this step, computing or not (the policy's
+      running list, not copied: read it before the step ends); used for the useful /
+      idle / empty slot accounting and the slot diagram. None = the scheduled requests.
     cost_shape: the shape to charge when it differs from what ``scheduled`` implies
       (static batching pads prompts and keeps computing finished members); None = derive.
     extra_time_s: time added to the step on top of the cost model (e.g. swap transfers).
@@ -62,12 +64,16 @@ class BatchPlan:
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    num_slots_held: int | None = None
+    holders: Sequence[Request] | None = None
     cost_shape: BatchShape | None = None
     extra_time_s: float = 0.0
 
     def __bool__(self) -> bool:
         return bool(self.scheduled)
+
+    @property
+    def num_slots_held(self) -> int:
+        return len(self.holders) if self.holders is not None else len(self.scheduled)
 
 
 def shape_of(scheduled: list[tuple[Request, int]]) -> BatchShape:

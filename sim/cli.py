@@ -124,7 +124,7 @@ def run(
     """Simulate one engine on a workload and write requests.csv, steps.csv, summary.json
     and config.json to --out."""
     from sim.engine import SchedulerStuck
-    from sim.runner import RunConfig, prepare, simulate_prepared, write_run
+    from sim.runner import RunConfig, prepare, write_run
 
     try:
         cfg = RunConfig(

@@ -11,7 +11,7 @@ timeout event; it never polls. The engine decides nothing.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
 import simpy
@@ -27,6 +27,11 @@ from sim.source import ArrivalSource
 #: Consecutive schedule() calls that plan nothing while work is waiting before the
 #: engine gives up with SchedulerStuck instead of hanging.
 MAX_IDLE_SCHEDULES = 1000
+
+
+#: Called after each step's update, before the policy releases finished requests, with
+#: (plan, step_start_s, step_end_s). Used for slot diagrams and traces of small runs.
+StepObserver = Callable[[BatchPlan, float, float], None]
 
 
 class SchedulerStuck(RuntimeError):
@@ -60,7 +65,7 @@ class Engine:
     def __init__(
         self, env: simpy.Environment, *, policy: Scheduler, cost_model: CostModel,
         kv: KVCacheManager, config: SchedulerConfig, arrivals: ArrivalSource,
-        recorder: Recorder,
+        recorder: Recorder, observer: StepObserver | None = None,
     ) -> None:
         self.env = env
         self.policy = policy
@@ -69,6 +74,7 @@ class Engine:
         self.config = config
         self.arrivals = arrivals
         self.recorder = recorder
+        self.observer = observer
 
     def start(self) -> simpy.Process:
         return self.env.process(self.process())
@@ -126,12 +132,14 @@ class Engine:
             yield env.timeout(dt)
             end = env.now
             done = self._apply(plan, now, end)
+            if self.observer is not None:
+                self.observer(plan, now, end)
             blocks_used = self.kv.num_used_blocks
             for req in policy.on_step_end(done, end):
                 req.finish_time = end
                 rec.record_request(req)
             useful = len(plan.scheduled)
-            held = plan.num_slots_held if plan.num_slots_held is not None else useful
+            held = plan.num_slots_held
             rec.record_step(
                 now, dt, useful, shape.num_prefill_tokens, shape.num_decode_seqs,
                 blocks_used, policy.num_waiting, useful, held - useful, max_seqs - held,

@@ -1,0 +1,40 @@
+"""servesim's workloads: what arrives and when.
+
+Arrival processes (``arrivals``), length models (``lengths``), trace loaders (``traces``),
+named presets (``presets``), the immutable ``Workload`` table (``workload``) and
+``build_workload``, the one function the CLI calls. Imports nothing from sim/, policies/ or
+calibration/. Randomness only through an explicitly passed ``numpy.random.Generator``.
+"""
+
+from __future__ import annotations
+
+from scenarios.arrivals import ARRIVAL_PROCESSES, bursts, constant, gamma, gamma_gaps, poisson
+from scenarios.build import build_workload
+from scenarios.lengths import Empirical, Fixed, Independent, InOrder, LogNormal, Uniform
+from scenarios.presets import ScenarioSpec, get_scenario, list_scenarios
+from scenarios.traces import TRACE_FORMATS, load_lengths, load_trace, save_trace
+from scenarios.workload import Workload
+
+__all__ = [
+    "ARRIVAL_PROCESSES",
+    "TRACE_FORMATS",
+    "Empirical",
+    "Fixed",
+    "InOrder",
+    "Independent",
+    "LogNormal",
+    "ScenarioSpec",
+    "Uniform",
+    "Workload",
+    "build_workload",
+    "bursts",
+    "constant",
+    "gamma",
+    "gamma_gaps",
+    "get_scenario",
+    "list_scenarios",
+    "load_lengths",
+    "load_trace",
+    "poisson",
+    "save_trace",
+]

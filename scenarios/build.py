@@ -1,0 +1,129 @@
+"""The one entry point the CLI calls to turn flags into a Workload.
+
+Owns the precedence rules between a trace, a named scenario and the override flags, and the
+seeding: ``SeedSequence(seed)`` spawns two independent child generators, one for arrivals
+and one for lengths (common random numbers), so changing the arrival process or the rate
+never changes the request lengths, and the same seed always gives the same workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from scenarios.arrivals import generate
+from scenarios.presets import ScenarioSpec, get_scenario
+from scenarios.traces import load_trace
+from scenarios.workload import Workload
+
+
+def _process_label(process: str, rate: float, burstiness: float) -> str:
+    if process == "gamma":
+        return f"gamma(rate={rate:g}, burstiness={burstiness:g})"
+    return f"{process}({rate:g})"
+
+
+def _mean_rate(workload: Workload) -> float:
+    """Requests per second: (n - 1) / (last - first arrival); inf when there is no span."""
+    span = float(workload.arrival_time[-1] - workload.arrival_time[0]) if len(workload) else 0.0
+    return (len(workload) - 1) / span if span > 0 else math.inf
+
+
+def _from_trace(trace: Path, trace_format: str | None, arrival: str | None, rate: float | None,
+                burstiness: float | None, num_requests: int | None, window_s: float | None,
+                rng: np.random.Generator) -> Workload:
+    workload = load_trace(trace, trace_format).cut(num_requests, window_s)
+    if arrival is None and burstiness is not None:
+        arrival = "gamma"
+    if arrival is None:
+        if rate is not None:
+            raise ValueError(
+                "rate with a trace needs an arrival process to re-time it (poisson, gamma, "
+                "constant, bursts); to replay the trace's own arrivals faster use time_scale"
+            )
+        return workload
+    rate = _mean_rate(workload) if rate is None else rate
+    k = 1.0 if burstiness is None else burstiness
+    times = generate(arrival, rate, len(workload), rng, burstiness=k)
+    label = _process_label(arrival, rate, k)
+    return dataclasses.replace(workload.retimed(times),
+                               source=f"{workload.source}, re-timed {label}")
+
+
+def _from_scenario(spec: ScenarioSpec, arrival: str | None, rate: float | None,
+                   burstiness: float | None, num_requests: int | None,
+                   window_s: float | None, arrival_rng: np.random.Generator,
+                   length_rng: np.random.Generator) -> Workload:
+    if arrival is None:
+        arrival = "gamma" if burstiness is not None else spec.arrival
+    k = spec.burstiness if burstiness is None else burstiness
+    rate = spec.rate if rate is None else rate
+    n = spec.num_requests if num_requests is None else num_requests
+    if int(n) != n or n < 1:
+        raise ValueError(f"num_requests must be an integer >= 1, got {n!r}")
+    prompt, output = spec.lengths.sample(int(n), length_rng)
+    times = generate(arrival, rate, int(n), arrival_rng, burstiness=k,
+                     burst_size=spec.burst_size)
+    source = f"{spec.name}: {_process_label(arrival, rate, k)} x {spec.lengths.describe()}"
+    workload = Workload.from_arrays(times, prompt, output, source=source)
+    return workload.cut(None, window_s).with_max_tokens(spec.max_tokens)
+
+
+def build_workload(
+    *,
+    trace: Path | None,
+    trace_format: str | None,
+    scenario: str | None,
+    arrival: str | None,
+    rate: float | None,
+    burstiness: float | None,
+    num_requests: int | None,
+    window_s: float | None,
+    time_scale: float | None,
+    max_tokens: int | None,
+    seed: int,
+) -> Workload:
+    """The workload a run simulates, deterministic for ``seed``.
+
+    - ``trace`` given: replay its own arrivals. ``num_requests`` / ``window_s`` (s) cut it
+      first (the first N requests / those within window_s of the first arrival). With
+      ``arrival`` (poisson | gamma | constant | bursts) the cut requests keep their lengths
+      in order and get new arrival times from that process at ``rate`` req/s (default: the
+      trace's own mean rate). ``burstiness`` alone implies ``arrival="gamma"``.
+    - no trace: the named ``scenario`` (default "default") generates ``num_requests``
+      requests; ``arrival``, ``rate``, ``burstiness`` override the scenario's (burstiness
+      alone switches the process to gamma); ``window_s`` then cuts.
+    - then ``time_scale`` is a speedup: arrival times divided by it (2 = twice the rate),
+      and ``max_tokens`` caps every request (tokens, None = keep).
+
+    Raises:
+        ValueError: both ``trace`` and ``scenario``; ``trace_format`` without a trace;
+            ``rate`` with a trace but no process; ``burstiness`` with a non-gamma
+            ``arrival``; a negative ``seed``; any out-of-range value (named in the message).
+        FileNotFoundError: the trace file does not exist.
+    """
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if burstiness is not None and arrival not in (None, "gamma"):
+        raise ValueError(f"burstiness applies to arrival 'gamma' only, got arrival {arrival!r}")
+    arrival_rng, length_rng = (
+        np.random.default_rng(child) for child in np.random.SeedSequence(int(seed)).spawn(2)
+    )
+    if trace is not None:
+        if scenario is not None:
+            raise ValueError("give either trace or scenario, not both")
+        workload = _from_trace(Path(trace), trace_format, arrival, rate, burstiness,
+                               num_requests, window_s, arrival_rng)
+    else:
+        if trace_format is not None:
+            raise ValueError("trace_format applies only with a trace")
+        spec = get_scenario("default" if scenario is None else scenario)
+        workload = _from_scenario(spec, arrival, rate, burstiness, num_requests, window_s,
+                                  arrival_rng, length_rng)
+    if time_scale is not None:
+        workload = dataclasses.replace(workload.time_scaled(time_scale),
+                                       source=f"{workload.source}, time x{time_scale:g} speed")
+    return workload.with_max_tokens(max_tokens)

@@ -1,0 +1,134 @@
+"""Named scenarios: a ready-made arrival process plus length model, chosen by name.
+
+Owns the preset table (plain Python, no TOML parser needed on Python 3.10) and
+``ScenarioSpec``. This is a package, not a module, so that ``pyproject.toml``'s
+``scenarios.presets`` package (and its ``*.toml`` package data, reserved for user presets
+later) resolves; the import path is ``scenarios.presets`` either way.
+
+Presets (lengths fitted as a log-normal with median = p50 and sigma = sqrt(2 ln(mean/p50)),
+clipped to the range observed in the trace; statistics from /work/shared/traces/README.md):
+
+- ``default``: chat traffic. Poisson at 5.0 req/s (close to the Azure conversation trace's
+  5.53 req/s), 1,000 requests. Prompt: Azure conv 2023 input mean 1,154.7 / p50 1,020
+  -> median 1020, sigma 0.498, clipped to [2, 14050]. Output: mean 211.1 / p50 129 ->
+  median 129, sigma 0.992, clipped to [7, 1000] (1,000 is the trace's maximum, likely the
+  service's cap). The fit matches medians; after clipping the means are about 1,154 and
+  200.6 (1.9% of outputs sit at the 1,000 cap) and the p99s about 3,240 and 1,000, against
+  the trace's 4,142 and 601: a two-parameter log-normal cannot match all three statistics.
+- ``bursty``: ``default`` with gamma arrivals of burstiness 0.25 (gap CV 2).
+- ``code``: Azure code 2023 (prefill-heavy): Poisson at 2.5 req/s, 1,000 requests; prompt
+  mean 2,047.9 / p50 1,469 -> median 1469, sigma 0.815, [3, 7437]; output mean 27.9 /
+  p50 13 -> median 13, sigma 1.236, [1, 1899] (not the trace's minimum 6: a log-normal
+  with this sigma puts 27% of its mass below 6, and clipping would pile it there). Clipped
+  means about 1,975 (2.3% of prompts at 7,437) and 27.8.
+- ``teaching``: 6 requests all at t = 0, 4-token prompts, output_len 8, 2, 3, 4, 4, 6.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from scenarios.arrivals import ARRIVAL_PROCESSES
+from scenarios.lengths import Independent, InOrder, LengthModel, LogNormal
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioSpec:
+    """A named workload recipe: ``num_requests`` requests from ``arrival`` at ``rate``.
+
+    ``rate`` in req/s (> 0, inf = all at t = 0); ``burstiness`` is the gamma shape (used when
+    ``arrival`` is "gamma"); ``burst_size`` requests per wave for "bursts"; ``max_tokens``
+    caps every request (None = cap at output_len).
+
+    Raises:
+        ValueError: a field outside its range (the message names it).
+    """
+
+    name: str
+    description: str
+    lengths: LengthModel
+    arrival: str = "poisson"
+    rate: float = 5.0
+    num_requests: int = 1000
+    burstiness: float = 1.0
+    burst_size: int = 8
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ARRIVAL_PROCESSES:
+            raise ValueError(
+                f"arrival must be one of {', '.join(ARRIVAL_PROCESSES)}; got {self.arrival!r}"
+            )
+        if not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s (inf allowed), got {self.rate!r}")
+        if int(self.num_requests) != self.num_requests or self.num_requests < 1:
+            raise ValueError(f"num_requests must be an integer >= 1, got {self.num_requests!r}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0 (inf allowed), got {self.burstiness!r}")
+        if int(self.burst_size) != self.burst_size or self.burst_size < 1:
+            raise ValueError(f"burst_size must be an integer >= 1, got {self.burst_size!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+
+
+AZURE_CONV_LENGTHS = Independent(
+    prompt=LogNormal.from_mean_median(mean=1154.7, median=1020, min_len=2, max_len=14050),
+    output=LogNormal.from_mean_median(mean=211.1, median=129, min_len=7, max_len=1000),
+)
+AZURE_CODE_LENGTHS = Independent(
+    prompt=LogNormal.from_mean_median(mean=2047.9, median=1469, min_len=3, max_len=7437),
+    output=LogNormal.from_mean_median(mean=27.9, median=13, min_len=1, max_len=1899),
+)
+
+_PRESETS: dict[str, ScenarioSpec] = {
+    spec.name: spec
+    for spec in (
+        ScenarioSpec(
+            name="default",
+            description="chat: Poisson 5 req/s, Azure-conv-fitted log-normal lengths",
+            lengths=AZURE_CONV_LENGTHS,
+            arrival="poisson", rate=5.0, num_requests=1000,
+        ),
+        ScenarioSpec(
+            name="bursty",
+            description="chat lengths, gamma arrivals at 5 req/s with burstiness 0.25 (CV 2)",
+            lengths=AZURE_CONV_LENGTHS,
+            arrival="gamma", rate=5.0, num_requests=1000, burstiness=0.25,
+        ),
+        ScenarioSpec(
+            name="code",
+            description="coding assistant: Poisson 2.5 req/s, Azure-code-fitted lengths",
+            lengths=AZURE_CODE_LENGTHS,
+            arrival="poisson", rate=2.5, num_requests=1000,
+        ),
+        ScenarioSpec(
+            name="teaching",
+            description="6 requests at t=0, 4-token prompts, outputs 8, 2, 3, 4, 4, 6",
+            lengths=InOrder(num_prompt_tokens=np.full(6, 4),
+                            output_len=np.array([8, 2, 3, 4, 4, 6])),
+            arrival="constant", rate=math.inf, num_requests=6,
+        ),
+    )
+}
+
+
+def list_scenarios() -> list[str]:
+    """Names of the built-in scenarios, sorted."""
+    return sorted(_PRESETS)
+
+
+def get_scenario(name: str) -> ScenarioSpec:
+    """The scenario called ``name``.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    try:
+        return _PRESETS[name]
+    except KeyError:
+        raise ValueError(
+            f"scenario must be one of {', '.join(list_scenarios())}; got {name!r}"
+        ) from None

@@ -1,0 +1,253 @@
+"""The Workload: one pre-generated, immutable table of request specs.
+
+Owns the columnar representation every policy run shares (Vidur's "one workload for every
+policy compared") and its validation, done once in ``__post_init__``: equal column lengths,
+token counts >= 1, arrivals finite, >= 0 and non-decreasing, request ids unique. It also owns
+the pure transformations the CLI applies (cap max_tokens, re-time, speed up, cut). Arrival
+processes live in ``arrivals``, length samplers in ``lengths``, file formats in ``traces``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+_INT_FIELDS = ("num_prompt_tokens", "output_len", "max_tokens", "priority")
+_POSITIVE_FIELDS = ("num_prompt_tokens", "output_len", "max_tokens")
+
+
+def _frozen(values: npt.ArrayLike, dtype: type[np.generic], name: str) -> np.ndarray:
+    """A read-only 1-D copy of ``values`` as ``dtype``; integer columns must hold integers."""
+    arr = np.array(values, copy=True)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if dtype is np.int64 and arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.issubdtype(arr.dtype, np.number) or not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+        bad = np.flatnonzero(arr != np.round(arr))
+        if bad.size:
+            raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]!r} is not an integer")
+    arr = arr.astype(dtype)
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Workload:
+    """Columnar request specs, sorted by arrival_time (stable).
+
+    Columns (all of length ``n = len(workload)``):
+
+    - ``arrival_time``: float64 seconds, finite, >= 0, non-decreasing; the first may be > 0.
+    - ``num_prompt_tokens``: int64 >= 1.
+    - ``output_len``: int64 >= 1, tokens the request generates before it stops (a workload
+      fact no policy may read).
+    - ``max_tokens``: int64 >= 1, the client's cap (``Workload.from_arrays`` defaults it to
+      ``output_len``).
+    - ``priority``: int64, lower = more urgent (default 0).
+    - ``request_id``: unique strings (default ``"0", "1", ...`` = input row index).
+    - ``hash_ids``: optional Mooncake prefix-block hashes (512 tokens per block) per request.
+    - ``source``: human description of where the workload came from.
+
+    Arrays are copied and made read-only at construction. Use ``Workload.from_arrays`` to
+    fill defaults and sort unsorted input. Equality compares every column but ``source``.
+
+    Raises:
+        ValueError: a column has the wrong length, a token count is < 1 (the message names
+            the field, the index and the request_id), an arrival is not finite, negative or
+            out of order, or a request_id repeats.
+    """
+
+    arrival_time: np.ndarray
+    num_prompt_tokens: np.ndarray
+    output_len: np.ndarray
+    max_tokens: np.ndarray
+    priority: np.ndarray
+    request_id: tuple[str, ...]
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "arrival_time", _frozen(self.arrival_time, np.float64, "arrival_time")
+        )
+        for name in _INT_FIELDS:
+            object.__setattr__(self, name, _frozen(getattr(self, name), np.int64, name))
+        object.__setattr__(self, "request_id", tuple(str(r) for r in self.request_id))
+        if self.hash_ids is not None:
+            hashes = tuple(tuple(int(h) for h in row) for row in self.hash_ids)
+            object.__setattr__(self, "hash_ids", hashes)
+        self._validate()
+
+    def _validate(self) -> None:
+        n = len(self.arrival_time)
+        for name in (*_INT_FIELDS, "request_id", "hash_ids"):
+            column = getattr(self, name)
+            if column is not None and len(column) != n:
+                raise ValueError(f"{name} has {len(column)} entries, arrival_time has {n}")
+        for name in _POSITIVE_FIELDS:
+            bad = np.flatnonzero(getattr(self, name) < 1)
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(
+                    f"{name}[{i}] (request_id {self.request_id[i]!r}) = "
+                    f"{getattr(self, name)[i]} must be >= 1"
+                )
+        t = self.arrival_time
+        bad = np.flatnonzero(~np.isfinite(t) | (t < 0))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"arrival_time[{i}] = {t[i]} must be finite and >= 0")
+        bad = np.flatnonzero(np.diff(t) < 0)
+        if bad.size:
+            i = int(bad[0]) + 1
+            raise ValueError(
+                f"arrival_time must be non-decreasing: arrival_time[{i}] = {t[i]} < "
+                f"arrival_time[{i - 1}] = {t[i - 1]} (use Workload.from_arrays to sort)"
+            )
+        if len(set(self.request_id)) != n:
+            raise ValueError("request_id values must be unique")
+
+    @classmethod
+    def from_arrays(
+        cls,
+        arrival_time: npt.ArrayLike,
+        num_prompt_tokens: npt.ArrayLike,
+        output_len: npt.ArrayLike,
+        *,
+        max_tokens: npt.ArrayLike | None = None,
+        priority: npt.ArrayLike | None = None,
+        request_id: Sequence[str] | None = None,
+        hash_ids: Sequence[Sequence[int]] | None = None,
+        source: str = "",
+    ) -> Workload:
+        """Build a Workload, filling defaults and stable-sorting rows by arrival_time.
+
+        Defaults: ``max_tokens = output_len``, ``priority = 0``, ``request_id`` = the input
+        row index as a string (assigned before sorting, so ids name input rows).
+        """
+        t = np.asarray(arrival_time, dtype=np.float64)
+        n = len(t)
+        prompt = np.asarray(num_prompt_tokens)
+        out = np.asarray(output_len)
+        cap = out if max_tokens is None else np.asarray(max_tokens)
+        prio = np.zeros(n, dtype=np.int64) if priority is None else np.asarray(priority)
+        ids = tuple(str(i) for i in range(n)) if request_id is None else tuple(request_id)
+        hashes = None if hash_ids is None else tuple(tuple(h) for h in hash_ids)
+        for name, column in (("num_prompt_tokens", prompt), ("output_len", out),
+                             ("max_tokens", cap), ("priority", prio), ("request_id", ids),
+                             ("hash_ids", hashes)):
+            if column is not None and len(column) != n:
+                raise ValueError(f"{name} has {len(column)} entries, arrival_time has {n}")
+        order = np.argsort(t, kind="stable") if np.any(np.diff(t) < 0) else np.arange(n)
+        return cls(
+            arrival_time=t[order],
+            num_prompt_tokens=prompt[order],
+            output_len=out[order],
+            max_tokens=cap[order],
+            priority=prio[order],
+            request_id=tuple(ids[i] for i in order),
+            hash_ids=None if hashes is None else tuple(hashes[i] for i in order),
+            source=source,
+        )
+
+    def __len__(self) -> int:
+        return len(self.arrival_time)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Workload):
+            return NotImplemented
+        return (
+            all(np.array_equal(getattr(self, f), getattr(other, f))
+                for f in ("arrival_time", *_INT_FIELDS))
+            and self.request_id == other.request_id
+            and self.hash_ids == other.hash_ids
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking columns: not hashable
+
+    def __repr__(self) -> str:
+        span = float(self.arrival_time[-1] - self.arrival_time[0]) if len(self) else 0.0
+        return f"Workload(n={len(self)}, span_s={span:.3f}, source={self.source!r})"
+
+    def _replace(self, index: np.ndarray | slice | None = None, **changes: object) -> Workload:
+        """A new Workload with rows ``index`` (all when None) and some columns replaced."""
+        sel = slice(None) if index is None else index
+        ids = self.request_id
+        hashes = self.hash_ids
+        if index is not None:
+            positions = range(len(self))[sel] if isinstance(sel, slice) else sel
+            ids = tuple(ids[int(i)] for i in positions)
+            hashes = None if hashes is None else tuple(hashes[int(i)] for i in positions)
+        fields: dict[str, object] = {
+            "arrival_time": self.arrival_time[sel],
+            **{name: getattr(self, name)[sel] for name in _INT_FIELDS},
+            "request_id": ids,
+            "hash_ids": hashes,
+            "source": self.source,
+        }
+        fields.update(changes)
+        return Workload(**fields)  # type: ignore[arg-type]
+
+    def with_max_tokens(self, cap: int | None) -> Workload:
+        """Every request's ``max_tokens`` set to ``cap`` (tokens, >= 1); None = unchanged.
+
+        ``output_len`` is kept: a request stops at ``min(output_len, max_tokens)``.
+        """
+        if cap is None:
+            return self
+        if int(cap) != cap or cap < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {cap!r}")
+        return self._replace(max_tokens=np.full(len(self), int(cap), dtype=np.int64))
+
+    def retimed(self, arrival_time: npt.ArrayLike) -> Workload:
+        """Same requests, lengths and order; new (sorted) ``arrival_time`` in seconds.
+
+        Raises:
+            ValueError: ``arrival_time`` has a different length, or is not finite,
+                >= 0 and non-decreasing.
+        """
+        t = np.asarray(arrival_time, dtype=np.float64)
+        if t.shape != (len(self),):
+            raise ValueError(f"arrival_time must have shape ({len(self)},), got {t.shape}")
+        return self._replace(arrival_time=t)
+
+    def time_scaled(self, speedup: float) -> Workload:
+        """Arrivals ``speedup`` times as fast: every arrival_time divided by ``speedup``.
+
+        ``speedup`` 2.0 halves every gap (twice the request rate); 0.5 doubles them;
+        ``inf`` puts every arrival at t = 0.
+
+        Raises:
+            ValueError: ``speedup`` is not > 0 (NaN included).
+        """
+        if not speedup > 0:
+            raise ValueError(f"time_scale (speedup) must be > 0, got {speedup!r}")
+        return self._replace(arrival_time=self.arrival_time / speedup)
+
+    def cut(self, num_requests: int | None = None, window_s: float | None = None) -> Workload:
+        """The first ``num_requests`` requests and/or those arriving within ``window_s``.
+
+        The window is half-open, ``[t0, t0 + window_s)`` with ``t0`` the first arrival, so
+        it always holds the first request. Both limits apply together; None = no limit.
+
+        Raises:
+            ValueError: ``num_requests`` < 1 or ``window_s`` not > 0.
+        """
+        keep = len(self)
+        if num_requests is not None:
+            if int(num_requests) != num_requests or num_requests < 1:
+                raise ValueError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+            keep = min(keep, int(num_requests))
+        if window_s is not None:
+            if not window_s > 0:
+                raise ValueError(f"window_s must be > 0, got {window_s!r}")
+            if len(self):
+                end = self.arrival_time[0] + window_s
+                keep = min(keep, int(np.searchsorted(self.arrival_time, end, side="left")))
+        if keep == len(self):
+            return self
+        return self._replace(slice(0, keep))
