@@ -18,8 +18,9 @@ app = typer.Typer(
     name="servesim", help="LLM-serving scheduling simulator (vLLM-faithful policies).",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Off a terminal (pipes, CI logs) rich would assume 80 columns and cut numbers short.
+console = Console(width=None if sys.stdout.isatty() else 120)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 INPUT_ERRORS = (ValueError, FileNotFoundError, IsADirectoryError, PermissionError)
 

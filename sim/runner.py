@@ -104,8 +104,8 @@ def prepare(cfg: RunConfig) -> Prepared:
         num_blocks = cfg.num_gpu_blocks
         if num_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2, got {num_blocks}")
-        if max_model_len > num_blocks * cfg.block_size and cfg.max_model_len is None:
-            max_model_len = num_blocks * cfg.block_size
+        # vLLM would refuse to start when max_model_len exceeds the pool; a simulator keeps
+        # going and rejects each request that can never fit, with its reason.
     else:
         num_blocks = plan.num_gpu_blocks
         check_max_model_len(plan, max_model_len)

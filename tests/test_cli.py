@@ -1,0 +1,142 @@
+"""The `run` and `list` commands through typer's CliRunner: outputs, schema,
+determinism, and one clear line with exit code 1 for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+from tests.conftest import shared_path
+
+runner = CliRunner()
+SUMMARY_KEYS = {
+    "num_requests", "num_finished", "num_rejected", "duration_s", "throughput", "ttft_s",
+    "tpot_s", "itl_s", "e2e_latency_s", "queued_time_s", "goodput_requests_per_s",
+    "num_preemptions", "kv_cache", "batch", "slots",
+}
+
+
+def write_csv(path: Path, rows: list[str]) -> Path:
+    path.write_text("arrival_time,num_prompt_tokens,output_len\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def run(*args: str) -> tuple[int, str]:
+    res = runner.invoke(app, ["run", *args])
+    return res.exit_code, res.output
+
+
+def test_run_writes_the_four_files(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, text = run("--num-requests", "50", "--out", str(out), "--slo-ttft", "1",
+                     "--slo-tpot", "0.05")
+    assert code == 0, text
+    assert "Maximum concurrency for 131,072 tokens per request" in text
+    req = pd.read_csv(out / "requests.csv")
+    assert list(req.columns) == list(REQUEST_COLUMNS) and len(req) == 50
+    assert list(pd.read_csv(out / "steps.csv").columns) == list(STEP_COLUMNS)
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["goodput_requests_per_s"] is not None
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model"] == "llama-3.1-8b" and cfg["resolved"]["num_gpu_blocks"] > 0
+
+
+def test_same_seed_identical_requests_csv(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        assert run("--num-requests", "80", "--seed", "7", "--out", str(tmp_path / name))[0] == 0
+    a = (tmp_path / "a" / "requests.csv").read_bytes()
+    assert a == (tmp_path / "b" / "requests.csv").read_bytes()
+    run("--num-requests", "80", "--seed", "8", "--out", str(tmp_path / "c"))
+    assert a != (tmp_path / "c" / "requests.csv").read_bytes()
+
+
+def test_step_time_and_num_gpu_blocks_overrides(tmp_path: Path) -> None:
+    trace = write_csv(tmp_path / "t.csv", ["0,4,3", "0,4,2"])
+    code, text = run("--trace", str(trace), "--step-time", "0.5", "--num-gpu-blocks", "10",
+                     "--out", str(tmp_path / "o"))
+    assert code == 0, text
+    req = pd.read_csv(tmp_path / "o" / "requests.csv")
+    assert list(req["finish_time"]) == [1.5, 1.0]  # 3 and 2 steps of 0.5 s
+
+
+def test_unservable_request_is_rejected_with_reason(tmp_path: Path) -> None:
+    trace = write_csv(tmp_path / "t.csv", ["0,100,3", "0,4,2"])
+    code, _ = run("--trace", str(trace), "--step-time", "1", "--num-gpu-blocks", "5",
+                  "--out", str(tmp_path / "o"))
+    assert code == 0
+    req = pd.read_csv(tmp_path / "o" / "requests.csv")
+    assert list(req["status"]) == ["rejected", "finished"]
+    assert "KV blocks" in req.loc[0, "reason"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--trace", "/no/such/trace.csv"], "not found"),
+    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
+    (["--gpu-memory-utilization", "0"], "gpu_memory_utilization"),
+    (["--model", "llama-3.1-70b", "--gpu", "rtx-3060"], "gpu_memory_utilization"),
+    (["--model", "nope"], "known: qwen2.5-0.5b"),
+    (["--gpu", "nope"], "known: a100-40gb"),
+    (["--policy", "nope"], "unknown policy"),
+    (["--rate", "-1"], "rate"),
+    (["--burstiness", "0"], "burstiness"),
+    (["--max-num-seqs", "0"], "max_num_seqs"),
+    (["--step-time", "0"], "step_time"),
+    (["--gpu", "l4"], "max_model_len"),
+])
+def test_bad_input_one_line_exit_1(tmp_path: Path, args: list[str], needle: str) -> None:
+    out = tmp_path / "o"
+    code, text = run(*args, "--out", str(out))
+    assert code == 1
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], text
+    assert "Traceback" not in text
+    assert not out.exists()  # nothing written
+
+
+@pytest.mark.parametrize(("row", "needle"), [
+    ("0.5,abc,3", "line 3: num_prompt_tokens 'abc'"),
+    ("0.5,0,3", "line 3: num_prompt_tokens 0"),
+    ("0.5,5,-2", "line 3: output_len -2"),
+])
+def test_malformed_trace_rows(tmp_path: Path, row: str, needle: str) -> None:
+    trace = write_csv(tmp_path / "t.csv", ["0,10,5", row])
+    code, text = run("--trace", str(trace), "--out", str(tmp_path / "o"))
+    assert code == 1 and needle in text and "Traceback" not in text
+
+
+def test_failed_run_keeps_previous_output(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    assert run("--num-requests", "5", "--out", str(out))[0] == 0
+    before = (out / "requests.csv").read_bytes()
+    assert run("--model", "nope", "--out", str(out))[0] == 1
+    assert (out / "requests.csv").read_bytes() == before
+
+
+def test_list_names_presets() -> None:
+    res = runner.invoke(app, ["list"])
+    assert res.exit_code == 0
+    for name in ("llama-3.1-8b", "qwen2.5-1.5b", "h100-sxm", "rtx-3060", "chunked", "static",
+                 "teaching"):
+        assert name in res.output
+
+
+def test_mooncake_replay_rejects_over_long_requests(tmp_path: Path) -> None:
+    trace = shared_path("traces", "mooncake_conversation_trace.jsonl")
+    out = tmp_path / "m"
+    code, text = run("--trace", str(trace), "--num-requests", "300", "--model", "qwen2.5-0.5b",
+                     "--step-time", "0.01", "--out", str(out))
+    assert code == 0, text
+    req = pd.read_csv(out / "requests.csv")
+    too_long = req["num_prompt_tokens"] + req["num_output_tokens"].where(
+        req["status"] == "finished") > 32768
+    rejected = req[req["status"] == "rejected"]
+    assert len(rejected) > 0 and not too_long.any()
+    assert rejected["reason"].str.contains("max_model_len").all()
+    assert len(req) == 300
