@@ -50,8 +50,9 @@ class RooflineCostModel:
     Tensor parallel over N GPUs divides the sharded FLOPs and bytes by N and adds two ring
     all-reduces per layer of num_tokens * hidden * dtype bytes, each
     2 (N-1)/N * bytes / interconnect bandwidth + interconnect latency, not overlapped.
-    This needs the GPU's interconnect numbers, which no preset carries (no sourced figure):
-    pass a GPUSpec with them (dataclasses.replace) or use tensor_parallel_size 1.
+    This needs the GPU's interconnect numbers: every preset carries them with sources
+    (calibration/data/gpus.json; bandwidth is one direction of the GPU's NVLink or PCIe links);
+    a GPUSpec without them only runs tensor_parallel_size 1.
     An empty shape (no tokens) costs step_overhead_s.
 
     Raises ValueError naming the field: dtype not in DTYPE_BYTES, efficiencies outside (0, 1],
@@ -136,7 +137,7 @@ class RooflineCostModel:
             raise ValueError(
                 f"tensor_parallel_size {self.tensor_parallel_size} needs the GPU's "
                 f"interconnect_bandwidth_bytes_per_s and interconnect_latency_s; {self.gpu.name} "
-                "has none (no sourced figure): give them with dataclasses.replace(gpu, ...)"
+                "has none: give them with dataclasses.replace(gpu, ...)"
             )
 
     def _comm_constants(self, dtype_bytes: int) -> dict[str, float]:

@@ -251,7 +251,9 @@ class GPUSpec:
       79.22 GiB on an H100 80GB). memory_bandwidth_bytes_per_s: vendor peak DRAM bandwidth.
     bf16_flops / fp16_flops: dense tensor-core peak with FP32 accumulate (no 2:4 sparsity);
     fp32_flops: non-tensor FP32. interconnect_bandwidth_bytes_per_s: per-GPU all-reduce (bus)
-    bandwidth; interconnect_latency_s: per all-reduce; both None unless sourced.
+    bandwidth, i.e. one direction of the GPU's links (half the vendor's bidirectional NVLink or
+    PCIe total); interconnect_latency_s: fixed cost per all-reduce; both None unless sourced
+    (the presets carry them, with sources, in calibration/data/gpus.json).
     Raises ValueError naming the field for non-positive numbers.
     """
 
@@ -317,6 +319,15 @@ def _model_presets() -> Mapping[str, ModelSpec]:
     return MappingProxyType(specs)
 
 
+def _scaled(entry: Mapping[str, Any], key: str, unit: float) -> float | None:
+    """entry[key] in base units (unit = 1e9 for GB/s, 1e-6 for us), or None when the
+    preset carries no such figure. Small units divide, so 10 us is exactly 1e-05 s."""
+    value = entry.get(key)
+    if value is None:
+        return None
+    return float(value) * unit if unit >= 1 else float(value) / round(1 / unit)
+
+
 def _gpu_presets() -> tuple[Mapping[str, GPUSpec], Mapping[str, str]]:
     """(specs by name, alias -> name)."""
     specs: dict[str, GPUSpec] = {}
@@ -330,6 +341,8 @@ def _gpu_presets() -> tuple[Mapping[str, GPUSpec], Mapping[str, str]]:
             bf16_flops=entry["bf16_tensor_dense_tflops"] * 1e12,
             fp16_flops=entry["fp16_tensor_dense_tflops"] * 1e12,
             fp32_flops=entry["fp32_tflops"] * 1e12,
+            interconnect_bandwidth_bytes_per_s=_scaled(entry, "interconnect_bandwidth_gb_s", 1e9),
+            interconnect_latency_s=_scaled(entry, "interconnect_latency_us", 1e-6),  # us -> s
             source=entry["source"],
         )
         aliases.update({alias: name for alias in entry["aliases"]})

@@ -1,15 +1,19 @@
 """The Policy protocol and the shared pieces every policy uses: the waiting queue, the
-running list, preemption by recompute, and victim choice.
+running list, the swapped list, KV allocation (paged or reserve), preemption (recompute or
+swap, with the transfer time) and victim choice.
 
 A policy is built as ``PolicyClass(config: SchedulerConfig, kv: KVCacheManager)`` and the
 engine calls: ``add_request`` at arrival, ``schedule(now) -> BatchPlan`` before each step,
 ``on_step_end(done, now) -> released`` after it (the policy frees the blocks of requests it
-releases; the engine stamps their finish time). Policies may read a request's
-``max_tokens`` but never its ``output_len`` (a workload fact no engine knows).
+releases; the engine stamps their finish time). Optionally, ``rejection_reason(request)``
+returns why the policy can never serve a request (checked at arrival; None = accept).
+Policies may read a request's ``max_tokens`` but never its ``output_len`` (a workload fact
+no engine knows; only the ``oracle-srpt`` queue does, and says so in its name).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import ClassVar, Protocol, runtime_checkable
 
 from policies.queues import make_queue
@@ -40,7 +44,9 @@ class Policy(Protocol):
 
 
 class QueuePolicy:
-    """Base for policies with a waiting queue and a running list (vLLM's shape)."""
+    """Base for policies with a waiting queue, a running list and a swapped list (vLLM's
+    shape). Subclasses write ``schedule``; the helpers below keep KV allocation mode and
+    preemption mode out of every policy's own code."""
 
     name: ClassVar[str] = "base"
 
@@ -49,19 +55,36 @@ class QueuePolicy:
         self.kv = kv
         self.waiting = make_queue(config.queue)
         self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        bpb = config.kv_bytes_per_block
+        self.num_swap_blocks = config.swap_space_bytes // bpb if bpb else 0
+        self.num_swap_blocks_used = 0
+        self._transfer_bytes = 0
 
     def add_request(self, request: Request) -> None:
         self.waiting.push(request)
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.swapped)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.swapped)
 
     def stuck_request(self) -> Request | None:
-        return self.waiting.peek() if len(self.waiting) else None
+        if len(self.waiting):
+            return self.waiting.peek()
+        return self.swapped[0] if self.swapped else None
+
+    def rejection_reason(self, req: Request) -> str | None:
+        """Why this policy can never serve ``req`` (None = it can): in reserve mode, a
+        reservation larger than the whole pool."""
+        if self.config.kv_allocation == "reserve":
+            need = self.kv.blocks_for(req.num_prompt_tokens + req.max_tokens)
+            if need > self.kv.num_usable_blocks:
+                return (f"reserve allocation needs {need} KV blocks (prompt + max_tokens); "
+                        f"the whole pool has {self.kv.num_usable_blocks}")
+        return None
 
     def on_step_end(self, done: list[Request], now: float) -> list[Request]:
         """Release finished requests at once: free their blocks and slots."""
@@ -71,28 +94,103 @@ class QueuePolicy:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return done
 
-    # -- shared helpers --
+    # -- KV allocation: paged (on demand) or reserve (prompt + max_tokens at admission) --
+    def target_tokens(self, req: Request, num_new_tokens: int) -> int:
+        """Tokens ``req`` must hold blocks for to compute ``num_new_tokens`` more."""
+        n = req.num_computed_tokens + num_new_tokens
+        if self.config.kv_allocation == "reserve":
+            return max(n, req.num_prompt_tokens + req.max_tokens)
+        return n
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """New blocks ``allocate(req, num_new_tokens)`` would take from the free pool."""
+        need = self.kv.blocks_for(self.target_tokens(req, num_new_tokens))
+        return max(0, need - len(req.block_ids))
+
+    def allocate(self, req: Request, num_new_tokens: int) -> bool:
+        """Grow ``req``'s blocks for ``num_new_tokens`` more tokens; False (nothing
+        allocated) when the free pool is too small. In reserve mode the first call holds
+        ceil((prompt + max_tokens) / block_size) blocks until the request finishes, as
+        Orca and FasterTransformer reserve the maximum length."""
+        return self.kv.allocate_up_to(req, self.target_tokens(req, num_new_tokens)) is not None
+
+    # -- preemption --
     def pick_victim(self) -> Request:
-        """The running request to preempt: the tail (most recently admitted) under FCFS
-        and SJF; the largest (priority, arrival_time) under priority, first such in
-        running order (vLLM 0.33 ``Scheduler.schedule``). vLLM's arrival times are never
-        equal; simulated ones can be, so ties fall to the later arrival (workload index)."""
+        """The running request to preempt: the tail (most recently admitted) under FCFS,
+        SJF and oracle-srpt; the largest (priority, arrival_time) under priority, first
+        such in running order (vLLM 0.33 ``Scheduler.schedule``), so a request never
+        preempts one of equal priority that arrived before it. vLLM's arrival times are
+        never equal; simulated ones can be, so ties fall to the later workload index."""
         if self.config.queue == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.index))
         return self.running[-1]
 
     def preempt(self, req: Request) -> None:
-        """Preempt by recompute: free the blocks, forget computed tokens (generated tokens
-        are kept and recomputed), put the request at the head of waiting."""
+        """Preempt a running request. Swap mode, while the CPU swap space has room: copy
+        its computed blocks out (the transfer time is charged), keep num_computed_tokens
+        and park it in ``swapped``. Otherwise (recompute, or swap space full): free the
+        blocks, forget computed tokens (generated tokens are kept and recomputed) and put
+        it at the head of waiting."""
         self.running.remove(req)
+        num_blocks = self.kv.blocks_for(req.num_computed_tokens)
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
         req.num_preemptions += 1
+        if (self.config.preemption_mode == "swap" and num_blocks > 0
+                and self.num_swap_blocks_used + num_blocks <= self.num_swap_blocks):
+            self.num_swap_blocks_used += num_blocks
+            self._transfer_bytes += num_blocks * (self.config.kv_bytes_per_block or 0)
+            req.num_swapped_blocks = num_blocks
+            req.num_swaps += 1
+            self.swapped.append(req)
+            return
+        req.num_computed_tokens = 0
         self.waiting.push_front(req)
+
+    def swap_in(self, req: Request, num_new_tokens: int) -> bool:
+        """Bring the oldest swapped request back to running (its blocks copied in, the
+        transfer time charged) with room for ``num_new_tokens``; False when the blocks do
+        not fit (nothing changes then)."""
+        assert req is self.swapped[0], "swap in oldest first"
+        if not self.allocate(req, num_new_tokens):
+            return False
+        self.swapped.popleft()
+        self.num_swap_blocks_used -= req.num_swapped_blocks
+        self._transfer_bytes += req.num_swapped_blocks * (self.config.kv_bytes_per_block or 0)
+        req.num_swapped_blocks = 0
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return True
+
+    def resume_swapped(self, scheduled: dict[Request, int], budget: int,
+                       watermark: int = 0) -> int:
+        """Swap requests back in, oldest swap first, while max_num_seqs, the token budget
+        and the free blocks (keeping ``watermark`` blocks free while anything runs) allow;
+        each is scheduled for its next tokens. Returns the budget left."""
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.swapped[0]
+            n = min(req.num_new_tokens, budget)
+            reserve = watermark if self.running else 0
+            if self.blocks_needed(req, n) + reserve > self.kv.num_free_blocks:
+                break
+            if not self.swap_in(req, n):
+                break
+            scheduled[req] = n
+            budget -= n
+        return budget
 
     def admit(self, req: Request) -> None:
         """Move the head of waiting into running."""
         self.waiting.pop()
         req.status = RequestStatus.RUNNING
         self.running.append(req)
+
+    def make_plan(self, scheduled: dict[Request, int], preempted: list[Request]) -> BatchPlan:
+        """The step's BatchPlan. Swap transfers done while planning are charged to this
+        step (vLLM V0 copies blocks before the forward pass), or to the next step that
+        runs when this one schedules nothing."""
+        extra = 0.0
+        if scheduled and self._transfer_bytes:
+            extra = self._transfer_bytes / self.config.pcie_bandwidth_bytes_per_s
+            self._transfer_bytes = 0
+        return BatchPlan(list(scheduled.items()), preempted, self.running, extra_time_s=extra)

@@ -13,6 +13,9 @@ against ../shared/vllm-oracle):
    budget and max_num_seqs allow and the blocks fit; with scheduler_reserve_full_isl the
    free pool must hold all of the request's current tokens (a check, not a reservation).
    The last admitted prompt may be chunked. Admission stops at the first that does not fit.
+KV allocation (paged or reserve) and preemption (recompute or swap) are the base class's.
+vLLM V1 has no swap; in swap mode (servesim's addition) swapped requests resume, oldest
+first, after the running ones and before any waiting one, in steps that preempted nothing.
 """
 
 from __future__ import annotations
@@ -38,15 +41,16 @@ class ChunkedPolicy(QueuePolicy):
         preempted: list[Request] = []
         budget = self._schedule_running(scheduled, preempted, threshold)
         if not preempted:
-            self._schedule_waiting(scheduled, budget, threshold)
-        return BatchPlan(list(scheduled.items()), preempted, self.running)
+            budget = self.resume_swapped(scheduled, budget)
+            if not self.swapped:
+                self._schedule_waiting(scheduled, budget, threshold)
+        return self.make_plan(scheduled, preempted)
 
     def _schedule_running(
         self, scheduled: dict[Request, int], preempted: list[Request], threshold: int
     ) -> int:
         budget = self.config.max_num_batched_tokens
         max_len = self.config.max_model_len
-        kv = self.kv
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -59,7 +63,7 @@ class ChunkedPolicy(QueuePolicy):
             if n <= 0:
                 i += 1
                 continue
-            while kv.allocate_slots(req, n) is None:
+            while not self.allocate(req, n):
                 victim = self.pick_victim()
                 if victim in scheduled:
                     budget += scheduled.pop(victim)
@@ -85,7 +89,7 @@ class ChunkedPolicy(QueuePolicy):
             n = min(n, budget)
             if cfg.scheduler_reserve_full_isl and not kv.can_fit(req, req.num_tokens):
                 break
-            if kv.allocate_slots(req, n) is None:
+            if not self.allocate(req, n):
                 break
             self.admit(req)
             scheduled[req] = n

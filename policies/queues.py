@@ -1,6 +1,8 @@
 """Waiting queues: FCFS (a deque with push-front for preempted requests), priority
 (lower value first, ties by arrival time, as vLLM's ``RequestQueue`` for the priority
-policy) and shortest-prompt-first."""
+policy), ``sjf`` (shortest prompt first: realizable, the prompt is known at arrival) and
+``oracle-srpt`` (shortest true remaining output first). oracle-srpt reads ``output_len``,
+which no real engine knows: it is an unrealizable bound to compare against, not a policy."""
 
 from __future__ import annotations
 
@@ -61,6 +63,9 @@ class KeyedQueue:
     def _k(self, r: Request) -> tuple[float, ...]:
         if self._key == "priority":
             return (r.priority, r.arrival_time)
+        if self._key == "oracle-srpt":
+            # The one place a policy reads output_len, under a name that says so.
+            return (min(r.output_len, r.max_tokens) - r.num_output_tokens, r.arrival_time)
         return (r.num_prompt_tokens, r.arrival_time)
 
     def push(self, req: Request) -> None:
@@ -82,9 +87,9 @@ class KeyedQueue:
 
 
 def make_queue(order: str) -> WaitingQueue:
-    """``fcfs`` | ``priority`` | ``sjf`` (shortest prompt first)."""
+    """``fcfs`` | ``priority`` | ``sjf`` (shortest prompt first) | ``oracle-srpt``."""
     if order == "fcfs":
         return FCFSQueue()
-    if order in ("priority", "sjf"):
+    if order in ("priority", "sjf", "oracle-srpt"):
         return KeyedQueue(order)
-    raise ValueError(f"queue must be one of fcfs, priority, sjf, got {order!r}")
+    raise ValueError(f"queue must be one of fcfs, priority, sjf, oracle-srpt, got {order!r}")

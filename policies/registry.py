@@ -1,17 +1,24 @@
-"""Policy names -> classes, and loading a user's ``module:Class``."""
+"""Policy names -> classes, and loading a user's ``module:Class`` (an importable module,
+or a ``path/to/file.py``)."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 from policies.base import Policy
 from policies.chunked import ChunkedPolicy
+from policies.continuous import ContinuousPolicy
 from policies.static import StaticPolicy
 from sim.config import SchedulerConfig
 from sim.kv_cache import KVCacheManager
 
 POLICIES: dict[str, type] = {
     ChunkedPolicy.name: ChunkedPolicy,
+    ContinuousPolicy.name: ContinuousPolicy,
     StaticPolicy.name: StaticPolicy,
 }
 
@@ -24,16 +31,37 @@ def get_policy_class(name: str) -> type:
     if name in POLICIES:
         return POLICIES[name]
     if ":" in name:
-        mod_name, _, cls_name = name.partition(":")
-        try:
-            mod = importlib.import_module(mod_name)
-        except ImportError as e:
-            raise ValueError(f"policy {name!r}: cannot import module {mod_name!r} ({e})") from e
+        mod_name, _, cls_name = name.rpartition(":")
+        mod = _load_module(name, mod_name)
         cls = getattr(mod, cls_name, None)
         if cls is None:
             raise ValueError(f"policy {name!r}: module {mod_name!r} has no {cls_name!r}")
         return cls
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)} or module:Class")
+
+
+def _load_module(name: str, mod_name: str) -> ModuleType:
+    if not mod_name.endswith(".py"):
+        try:
+            return importlib.import_module(mod_name)
+        except ImportError as e:
+            raise ValueError(f"policy {name!r}: cannot import module {mod_name!r} ({e})") from e
+    path = Path(mod_name).resolve()
+    if not path.is_file():
+        raise ValueError(f"policy {name!r}: no such file {mod_name!r}")
+    key = f"servesim_user_policy_{abs(hash(str(path)))}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        del sys.modules[key]
+        raise ValueError(f"policy {name!r}: cannot load {mod_name!r} ({e!r})") from e
+    return mod
 
 
 def make_policy(name: str, config: SchedulerConfig, kv: KVCacheManager) -> Policy:

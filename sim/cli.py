@@ -37,6 +37,8 @@ def _fmt(x: Any, scale: float = 1.0, digits: int = 3) -> str:
 
 def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
     """A rich table of the headline metrics of one summary.json."""
+    if summary.get("saturated"):
+        title += " (SATURATED: not steady-state)"
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("metric")
     for c in ("mean", "p50", "p90", "p99", "max"):
@@ -47,6 +49,38 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
         scale = 1000.0 if "ms" in label else 1.0
         t.add_row(label, *(_fmt(st[c], scale, 1 if scale > 1 else 3)
                            for c in ("mean", "p50", "p90", "p99", "max")))
+    return t
+
+
+def saturation_text(summary: dict[str, Any]) -> str:
+    """One line for tables: whether the run saturated (see sim/saturation.py)."""
+    if summary.get("saturated"):
+        return ("[bold red]SATURATED[/bold red]: the queue grows over the arrival window; "
+                "latency percentiles are not steady-state")
+    return "no (steady state)"
+
+
+def scale_out_line(cfg: Any) -> str:
+    """GPUs, replicas and the load model of a run, in one line."""
+    tp, n = cfg.tensor_parallel_size, cfg.replicas
+    load = (f"closed loop, {cfg.concurrency} users, think time {cfg.think_time:g} s"
+            if cfg.concurrency is not None else "open loop")
+    route = f", router {cfg.router}" if n > 1 else ""
+    return (f"GPUs: {n * tp} ({n} replica{'s' if n > 1 else ''} x TP {tp}){route}; "
+            f"KV cache and memory per GPU; {load}")
+
+
+def replica_table(summary: dict[str, Any]) -> Table:
+    """Per-replica headline metrics of a cluster run."""
+    t = Table(title="replicas", header_style="bold")
+    for c in ("replica", "requests", "req/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
+              "TPOT p99 (ms)", "KV peak", "saturated"):
+        t.add_column(c, justify="right")
+    for r in summary["replicas"]:
+        t.add_row(str(r["replica"]), f"{r['num_requests']:,}",
+                  f"{r['throughput']['requests_per_s']:.3f}", _fmt(r["ttft_s"]["p50"], 1e3, 1),
+                  _fmt(r["ttft_s"]["p99"], 1e3, 1), _fmt(r["tpot_s"]["p99"], 1e3, 1),
+                  f"{r['kv_cache']['peak_usage']:.1%}", "YES" if r["saturated"] else "no")
     return t
 
 
@@ -62,11 +96,14 @@ def headline_table(summary: dict[str, Any]) -> Table:
                        f"{thr['output_tokens_per_s']:,.1f} output tok/s, "
                        f"{thr['total_tokens_per_s']:,.1f} total tok/s"),
         ("goodput", "-" if good is None else f"{good:,.3f} req/s"),
-        ("preemptions", f"{summary['num_preemptions']:,}"),
+        ("preemptions", f"{summary['num_preemptions']:,}"
+                        + (f" ({summary['num_swaps']:,} by swap)" if summary.get("num_swaps")
+                           else "")),
         ("KV cache usage", f"peak {kv['peak_usage']:.1%}, mean {kv['mean_usage']:.1%}"),
         ("batch slots", f"useful {sl['useful_fraction']:.1%}, idle {sl['idle_fraction']:.1%}, "
                         f"empty {sl['empty_fraction']:.1%}; mean batch "
                         f"{summary['batch']['mean_num_seqs']:.1f} seqs"),
+        ("saturated", saturation_text(summary)),
     ]
     for k, v in rows:
         t.add_row(f"[bold]{k}[/bold]", v)
@@ -80,7 +117,8 @@ def run(
     gpu: Annotated[str, typer.Option(help="GPU preset (see `servesim list`).")] = "h100-sxm",
     dtype: Annotated[str, typer.Option(help="Weights and KV dtype: bf16, fp16, fp32.")] = "bf16",
     policy: Annotated[str, typer.Option(
-        help="Scheduling policy: chunked, static, or module:Class.")] = "chunked",
+        help="Scheduling policy: chunked, continuous, static, or module:Class "
+             "(module may be a path/to/file.py).")] = "chunked",
     max_num_seqs: Annotated[int, typer.Option(help="Most requests per batch.")] = 256,
     max_num_batched_tokens: Annotated[int, typer.Option(
         help="Token budget per step.")] = 8192,
@@ -120,7 +158,38 @@ def run(
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     slo_ttft: Annotated[float | None, typer.Option(help="TTFT SLO in seconds.")] = None,
     slo_tpot: Annotated[float | None, typer.Option(help="TPOT SLO in seconds.")] = None,
+    queue: Annotated[str, typer.Option(
+        help="Waiting-queue order: fcfs, priority, sjf (shortest prompt), oracle-srpt "
+             "(true remaining output: an unrealizable bound).")] = "fcfs",
+    preemption_mode: Annotated[str, typer.Option(
+        help="Preemption under KV pressure: recompute or swap (to CPU).")] = "recompute",
+    kv_allocation: Annotated[str, typer.Option(
+        help="KV blocks: paged (on demand) or reserve (prompt + max_tokens at admission)."
+    )] = "paged",
+    swap_space: Annotated[float, typer.Option(
+        help="CPU swap space for --preemption-mode swap, GiB (vLLM's default).")] = 4.0,
+    pcie_bandwidth: Annotated[float, typer.Option(
+        help="Host <-> GPU copy rate pricing swaps, GB/s (PCIe 4.0 x16 effective).")] = 25.0,
+    tensor_parallel_size: Annotated[int, typer.Option(
+        help="GPUs per replica: weights, FLOPs and KV heads split N ways, two all-reduces "
+             "per layer over the GPU's interconnect.")] = 1,
+    replicas: Annotated[int, typer.Option(
+        help="Identical engines behind a router, simulated together.")] = 1,
+    router: Annotated[str, typer.Option(
+        help="How requests are spread over replicas: round-robin, least-outstanding, "
+             "least-kv.")] = "round-robin",
+    concurrency: Annotated[int | None, typer.Option(
+        help="Closed loop: N users, each sending its next request when its previous one "
+             "ends (instead of open-loop arrivals).")] = None,
+    think_time: Annotated[float, typer.Option(
+        help="Closed loop: seconds a user waits before sending its next request.")] = 0.0,
+    compare: Annotated[str | None, typer.Option(
+        help="Run the same workload through several cells, POLICY[:MODIFIER]... separated "
+             "by commas (e.g. static,continuous,chunked or chunked:paged,chunked:reserve); "
+             "one run directory per cell under --out.")] = None,
     out: Annotated[Path, typer.Option(help="Run directory to write.")] = Path("runs/latest"),
+    report: Annotated[bool, typer.Option(
+        "--report", help="Also write report.html (see `servesim report`) into --out.")] = False,
 ) -> None:
     """Simulate one engine on a workload and write requests.csv, steps.csv, summary.json
     and config.json to --out."""
@@ -138,7 +207,11 @@ def run(
             step_time=step_time, profile=profile, trace=trace, trace_format=trace_format,
             scenario=scenario, arrival=arrival, rate=rate, burstiness=burstiness,
             num_requests=num_requests, window=window, time_scale=time_scale, seed=seed,
-            slo_ttft=slo_ttft, slo_tpot=slo_tpot,
+            slo_ttft=slo_ttft, slo_tpot=slo_tpot, queue=queue,
+            preemption_mode=preemption_mode, kv_allocation=kv_allocation,
+            swap_space=swap_space, pcie_bandwidth=pcie_bandwidth,
+            tensor_parallel_size=tensor_parallel_size, replicas=replicas, router=router,
+            concurrency=concurrency, think_time=think_time,
         )
         prep = prepare(cfg)
     except INPUT_ERRORS as e:
@@ -150,6 +223,11 @@ def run(
                   f"{prep.num_gpu_blocks * bs:,} tokens")
     console.print(f"Maximum concurrency for {prep.scheduler.max_model_len:,} tokens per "
                   f"request: {prep.num_gpu_blocks * bs / prep.scheduler.max_model_len:.2f}x")
+    if cfg.replicas > 1 or cfg.tensor_parallel_size > 1 or cfg.concurrency is not None:
+        console.print(scale_out_line(cfg))
+    if compare is not None:
+        _compare(prep, compare, out)
+        return
     try:
         result = _run_with_progress(prep)
         write_run(out, prep, result)
@@ -159,7 +237,25 @@ def run(
         fail(str(e))
     console.print(headline_table(result.summary))
     console.print(summary_table(result.summary))
+    if cfg.replicas > 1:
+        console.print(replica_table(result.summary))
     console.print(f"wrote {out}/requests.csv, steps.csv, summary.json, config.json")
+    if report:
+        _write_report([out], out / "report.html")
+
+
+def _compare(prep: Any, spec: str, out: Path) -> None:
+    from sim.compare import compare_table, parse_cells, run_compare
+    from sim.engine import SchedulerStuck
+
+    try:
+        cells = parse_cells(spec)
+        results = run_compare(prep, cells, out, _run_with_progress)
+    except (SchedulerStuck, *INPUT_ERRORS) as e:
+        fail(str(e))
+    console.print(compare_table(results, title=f"compare ({prep.cost_model_label})"))
+    console.print(f"wrote {len(cells)} run directories under {out}/: "
+                  + ", ".join(c.dir_name for c in cells))
 
 
 def _run_with_progress(prep: Any) -> Any:
@@ -173,6 +269,89 @@ def _run_with_progress(prep: Any) -> Any:
                   transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("simulating", total=total)
         return simulate_prepared(prep, progress=lambda done: bar.update(task, completed=done))
+
+
+def _write_report(run_dirs: list[Path], out: Path) -> None:
+    from sim.report import write_report
+
+    try:
+        size = write_report(run_dirs, out)
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    console.print(f"wrote {out} ({size / 1e6:.1f} MB)")
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(
+        help="Run directories written by `servesim run`; several are overlaid.")],
+    out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("report.html"),
+    png: Annotated[Path | None, typer.Option(
+        help="Also export the figures as PNG (needs kaleido): PATH-1.png, PATH-2.png, ...")
+    ] = None,
+) -> None:
+    """One self-contained HTML report (works offline) of one or more runs: configuration,
+    summary and comparison tables, latency CDFs, the step timeline and throughput."""
+    from sim.report import kaleido_missing, load_runs, report_figures, write_pngs
+
+    if png is not None and (reason := kaleido_missing()):
+        fail(reason)
+    _write_report(run_dirs, out)
+    if png is not None:
+
+        try:
+            paths = write_pngs(report_figures(load_runs(run_dirs)), png)
+        except INPUT_ERRORS as e:
+            fail(str(e))
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+@app.command()
+def diagram(
+    run_dir: Annotated[Path | None, typer.Argument(
+        help="Run directory to re-simulate (its config.json); or use --scenario / --trace."
+    )] = None,
+    scenario: Annotated[str | None, typer.Option(
+        help="Built-in scenario, e.g. teaching (6 requests, 4 slots).")] = None,
+    trace: Annotated[str | None, typer.Option(help="Trace file to replay.")] = None,
+    policies: Annotated[str | None, typer.Option(
+        help="Comma-separated policies, one grid each (teaching: static,continuous,chunked; "
+             "else the run's policy or chunked).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        help="Batch slots (teaching: 4; else the run's or 256).")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="Token budget per step.")] = None,
+    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate.")] = None,
+    step_time: Annotated[float | None, typer.Option(
+        help="Constant step time in seconds instead of a cost model.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Workload seed.")] = None,
+    max_steps: Annotated[int, typer.Option(help="Steps shown (the rest is cut).")] = 64,
+    max_slots: Annotated[int, typer.Option(help="Slot rows shown (the rest is cut).")] = 16,
+    first_step: Annotated[int, typer.Option(help="First step shown (1-based).")] = 1,
+    idle_letters: Annotated[bool, typer.Option(
+        "--idle-letters", help="Show idle cells as the holder's lowercase letter, not '.'.")
+    ] = False,
+    html: Annotated[Path | None, typer.Option(
+        "--html", help="Also write the diagram as a self-contained HTML file.")] = None,
+    png: Annotated[Path | None, typer.Option(
+        help="Also export the grids as PNG (needs kaleido): PATH-1.png, ... for several.")] = None,
+) -> None:
+    """Slot diagram: one row per batch slot, one column per step; which request holds
+    each slot, whether it computed (useful), held it idle, or the slot was empty."""
+    from sim.diagram import diagram_cli
+
+    try:
+        diagram_cli(
+            run_dir=run_dir, scenario=scenario, trace=trace, policies=policies,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            num_requests=num_requests, step_time=step_time, seed=seed, max_steps=max_steps,
+            max_slots=max_slots, first_step=first_step, idle_letters=idle_letters,
+            html_out=html, png_out=png,
+            width=console.width,
+            echo=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
+        )
+    except INPUT_ERRORS as e:
+        fail(str(e))
 
 
 @app.command("list")

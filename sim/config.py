@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUEUE_ORDERS = ("fcfs", "priority", "sjf")
+QUEUE_ORDERS = ("fcfs", "priority", "sjf", "oracle-srpt")
 PREEMPTION_MODES = ("recompute", "swap")
 KV_ALLOCATIONS = ("paged", "reserve")
 
@@ -26,6 +26,9 @@ class SchedulerConfig:
     queue: waiting-queue order, one of QUEUE_ORDERS.
     preemption_mode: "recompute" or "swap".
     kv_allocation: "paged" (blocks on demand) or "reserve" (prompt + max_tokens at admission).
+    kv_bytes_per_block: KV bytes of one block (all layers); required by swap preemption.
+    swap_space_bytes: CPU swap space for swapped-out blocks (vLLM V0's swap_space, 4 GiB).
+    pcie_bandwidth_bytes_per_s: host <-> GPU copy rate that prices swap transfers.
     """
 
     max_num_seqs: int = 256
@@ -36,6 +39,9 @@ class SchedulerConfig:
     queue: str = "fcfs"
     preemption_mode: str = "recompute"
     kv_allocation: str = "paged"
+    kv_bytes_per_block: int | None = None
+    swap_space_bytes: int = 4 << 30
+    pcie_bandwidth_bytes_per_s: float = 25e9
 
     def __post_init__(self) -> None:
         _at_least("max_num_seqs", self.max_num_seqs, 1)
@@ -45,6 +51,14 @@ class SchedulerConfig:
         _one_of("queue", self.queue, QUEUE_ORDERS)
         _one_of("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _one_of("kv_allocation", self.kv_allocation, KV_ALLOCATIONS)
+        _at_least("swap_space_bytes", self.swap_space_bytes, 0)
+        if self.kv_bytes_per_block is not None:
+            _at_least("kv_bytes_per_block", self.kv_bytes_per_block, 1)
+        elif self.preemption_mode == "swap":
+            raise ValueError("kv_bytes_per_block is required with preemption_mode 'swap'")
+        bw = self.pcie_bandwidth_bytes_per_s
+        if not (isinstance(bw, (int, float)) and 0 < bw < float("inf")):
+            raise ValueError(f"pcie_bandwidth_bytes_per_s must be a finite number > 0, got {bw!r}")
 
 
 def _at_least(name: str, value: int, low: int) -> None:

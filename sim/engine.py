@@ -7,6 +7,12 @@ request's computed tokens reach its known tokens it samples one output token (th
 sets first_token_time); after min(output_len, max_tokens) tokens, or at max_model_len, it
 is done and the policy releases it. With no work the engine waits on the next arrival's
 timeout event; it never polls. The engine decides nothing.
+
+Two optional hooks serve sources that learn of arrivals only as the run goes (closed-loop
+clients, a cluster router): ``on_release(req, now)`` is called for every request the engine
+records (finished or rejected), and ``wake()`` is asked for an event to wait on when the
+engine is idle and its source knows of no next arrival (None: no more will come, stop).
+Without them the engine behaves, and costs, exactly as before.
 """
 
 from __future__ import annotations
@@ -25,13 +31,23 @@ from sim.request import Request, RequestStatus
 from sim.source import ArrivalSource
 
 #: Consecutive schedule() calls that plan nothing while work is waiting before the
-#: engine gives up with SchedulerStuck instead of hanging.
+#: engine gives up with SchedulerStuck instead of hanging. Steps that run but sample no
+#: token (a preempt / re-admit livelock) get this much slack on top of the longest
+#: token-less stretch a legal schedule can need (see Engine._stall_limit).
 MAX_IDLE_SCHEDULES = 1000
 
 
 #: Called after each step's update, before the policy releases finished requests, with
 #: (plan, step_start_s, step_end_s). Used for slot diagrams and traces of small runs.
 StepObserver = Callable[[BatchPlan, float, float], None]
+
+#: Called with (request, now) for every request the engine records: released after its
+#: last token, or rejected at admission. Closed-loop clients send their next request here.
+ReleaseHook = Callable[[Request, float], None]
+
+#: Asked, when the engine is idle and its source knows of no next arrival, for an event
+#: that fires when a request may have arrived (a router's push); None = none will come.
+WakeHook = Callable[[], "simpy.Event | None"]
 
 
 class SchedulerStuck(RuntimeError):
@@ -66,6 +82,7 @@ class Engine:
         self, env: simpy.Environment, *, policy: Scheduler, cost_model: CostModel,
         kv: KVCacheManager, config: SchedulerConfig, arrivals: ArrivalSource,
         recorder: Recorder, observer: StepObserver | None = None,
+        on_release: ReleaseHook | None = None, wake: WakeHook | None = None,
     ) -> None:
         self.env = env
         self.policy = policy
@@ -75,6 +92,9 @@ class Engine:
         self.arrivals = arrivals
         self.recorder = recorder
         self.observer = observer
+        self.on_release = on_release
+        self.wake = wake
+        self._num_sampled = 0  # output tokens produced so far (the livelock watchdog's clock)
 
     def start(self) -> simpy.Process:
         return self.env.process(self.process())
@@ -88,6 +108,8 @@ class Engine:
         req.status = RequestStatus.REJECTED
         req.reason = reason
         self.recorder.record_request(req)
+        if self.on_release is not None:
+            self.on_release(req, self.env.now)
 
     def _rejection_reason(self, req: Request) -> str | None:
         p, m, limit = req.num_prompt_tokens, req.max_tokens, self.config.max_model_len
@@ -102,13 +124,20 @@ class Engine:
         if need > kv.num_usable_blocks:
             return (f"can never finish: needs {need} KV blocks at its end; the whole pool "
                     f"has {kv.num_usable_blocks}")
-        return None
+        # Optional policy hook: what this policy can never serve (e.g. a reservation
+        # larger than the pool, or an unchunkable prompt over the token budget).
+        policy_reason = getattr(self.policy, "rejection_reason", None)
+        return policy_reason(req) if policy_reason is not None else None
 
     # -- the SimPy process --
     def process(self) -> Generator[simpy.Event, Any, None]:
         env, policy, arrivals, rec = self.env, self.policy, self.arrivals, self.recorder
+        on_release = self.on_release
         max_seqs = self.config.max_num_seqs
-        idle_schedules = 0
+        idle_schedules = stall_steps = 0
+        unrecorded_preemptions = 0  # from plans that ran nothing; counted with the next step
+        stall_limit = self._stall_limit()
+        last_preempted: Request | None = None
         while True:
             now = env.now
             for req in arrivals.pop_arrived(now):
@@ -118,33 +147,49 @@ class Engine:
                 nxt = arrivals.next_arrival_time()
                 if policy.has_unfinished_requests():
                     idle_schedules += 1
-                    if nxt is None or idle_schedules > MAX_IDLE_SCHEDULES:
+                    if idle_schedules > MAX_IDLE_SCHEDULES:
                         self._raise_stuck()
                     if plan.preempted:
-                        continue
+                        unrecorded_preemptions += len(plan.preempted)
+                        continue  # blocks were freed: plan again at once
+                    if nxt is None:
+                        self._raise_stuck()
                 if nxt is None:
-                    return
+                    wake = self.wake() if self.wake is not None else None
+                    if wake is None:
+                        return
+                    yield wake
+                    continue
                 yield env.timeout(nxt - now)
                 continue
             idle_schedules = 0
+            if plan.preempted:
+                last_preempted = plan.preempted[-1]
+            sampled_before = self._num_sampled
             shape = shape_of(plan.scheduled)
             dt = self.cost_model.step_time(plan.cost_shape or shape) + plan.extra_time_s
             yield env.timeout(dt)
             end = env.now
             done = self._apply(plan, now, end)
+            stall_steps = 0 if self._num_sampled > sampled_before else stall_steps + 1
+            if stall_steps > stall_limit:
+                self._raise_stuck(last_preempted or plan.scheduled[0][0], stall_steps)
             if self.observer is not None:
                 self.observer(plan, now, end)
             blocks_used = self.kv.num_used_blocks
             for req in policy.on_step_end(done, end):
                 req.finish_time = end
                 rec.record_request(req)
+                if on_release is not None:
+                    on_release(req, end)
             useful = len(plan.scheduled)
             held = plan.num_slots_held
             rec.record_step(
                 now, dt, useful, shape.num_prefill_tokens, shape.num_decode_seqs,
                 blocks_used, policy.num_waiting, useful, held - useful, max_seqs - held,
-                len(plan.preempted),
+                len(plan.preempted) + unrecorded_preemptions,
             )
+            unrecorded_preemptions = 0
 
     def _apply(self, plan: BatchPlan, start: float, now: float) -> list[Request]:
         """The shared update rule; returns the requests that are done generating."""
@@ -162,6 +207,7 @@ class Engine:
                 continue  # partial prefill chunk: no token sampled
             o += 1
             req.num_output_tokens = o
+            self._num_sampled += 1
             if o == 1:
                 req.first_token_time = now
             else:
@@ -177,11 +223,25 @@ class Engine:
             done.append(req)
         return done
 
-    def _raise_stuck(self) -> None:
-        req = self.policy.stuck_request()
+    def _stall_limit(self) -> int:
+        """Steps without a sampled token before a livelock is declared: a legal schedule
+        moves the head of running by at least min(budget, threshold) tokens a step, so it
+        samples within max_model_len / that steps, even when every slot is prefilling."""
+        cfg = self.config
+        chunk = min(cfg.max_num_batched_tokens,
+                    cfg.long_prefill_token_threshold or cfg.max_num_batched_tokens)
+        per_request = -(-cfg.max_model_len // chunk)
+        return MAX_IDLE_SCHEDULES + 2 * cfg.max_num_seqs * per_request
+
+    def _raise_stuck(self, req: Request | None = None, stall_steps: int = 0) -> None:
+        if req is None:
+            req = self.policy.stuck_request()
         who = (f"request {req.request_id} (num_prompt_tokens {req.num_prompt_tokens}, "
-               f"status {req.status.value})" if req is not None else "unknown request")
+               f"status {req.status.value}, num_preemptions {req.num_preemptions})"
+               if req is not None else "unknown request")
+        what = (f"{stall_steps} steps ran without sampling a token (a preempt / re-admit "
+                f"livelock?)" if stall_steps else "no progress")
         raise SchedulerStuck(
-            f"no progress at t={self.env.now:.6f}s while work is waiting: {who}; "
+            f"{what} at t={self.env.now:.6f}s while work is waiting: {who}; "
             f"free KV blocks {self.kv.num_free_blocks}/{self.kv.num_usable_blocks}"
         )

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sim.request import Request, RequestStatus
+from sim.saturation import saturation_summary
 
 STEP_COLUMNS = (
     "start_time", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
@@ -30,7 +31,7 @@ STEP_COLUMNS = (
 REQUEST_COLUMNS = (
     "request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
     "ttft_s", "tpot_s", "e2e_latency_s", "queued_time_s", "num_prompt_tokens",
-    "num_output_tokens", "num_preemptions", "status", "finish_reason", "reason",
+    "num_output_tokens", "num_preemptions", "status", "finish_reason", "reason", "num_swaps",
 )
 PERCENTILES = (50, 90, 95, 99)
 
@@ -56,6 +57,7 @@ class Recorder:
             req.request_id, req.arrival_time, req.first_scheduled_time, req.first_token_time,
             req.finish_time, req.num_prompt_tokens, req.num_output_tokens,
             req.num_preemptions, req.status.value, req.finish_reason, req.reason,
+            req.num_swaps,
         ))
 
     def record_step(
@@ -85,7 +87,7 @@ class Recorder:
         """One row per request, in workload order, with the derived latency columns."""
         cols = ("request_id", "arrival_time", "first_scheduled_time", "first_token_time",
                 "finish_time", "num_prompt_tokens", "num_output_tokens", "num_preemptions",
-                "status", "finish_reason", "reason")
+                "status", "finish_reason", "reason", "num_swaps")
         df = pd.DataFrame.from_records(self._req_rows, columns=list(cols))
         df.insert(0, "_index", np.frombuffer(self._req_index, dtype=np.int64)
                   if len(self._req_index) else np.zeros(0, dtype=np.int64))
@@ -180,6 +182,7 @@ def summarize(
         "queued_time_s": stats(requests["queued_time_s"].to_numpy()),
         "goodput_requests_per_s": goodput,
         "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_swaps": int(requests["num_swaps"].sum()),
         "kv_cache": {
             "num_gpu_blocks": int(num_gpu_blocks),
             "block_size": int(block_size),
@@ -192,6 +195,7 @@ def summarize(
                               if slot_total else 0.0)
             for k in ("useful", "idle", "empty")
         },
+        **saturation_summary(requests),
     }
 
 

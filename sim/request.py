@@ -57,6 +57,8 @@ class Request:
     reason: str | None = None
     # Swap-out bookkeeping for swap preemption (issue 3); 0 when not swapped.
     num_swapped_blocks: int = 0
+    # Preemptions by swap (each also counts in num_preemptions).
+    num_swaps: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -18,16 +18,23 @@ from typing import Any
 
 from calibration.memory import KVCachePlan, check_max_model_len, plan_for
 from calibration.roofline import RooflineCostModel
-from calibration.specs import DTYPE_BYTES, get_gpu, get_model
+from calibration.specs import DTYPE_BYTES, GIB, get_gpu, get_model
 from policies.registry import get_policy_class
 from scenarios.build import build_workload
 from scenarios.workload import Workload
+from sim.cluster import ROUTERS
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
+from sim.engine import ReleaseHook, StepObserver
 from sim.simulate import SimResult, simulate
-from sim.source import ColumnArrivals
+from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals
 
 VERSION = "0.1.0"
+
+#: Host <-> GPU copy rate for swap preemption, GB/s: PCIe 4.0 x16 is 16 GT/s x 16 lanes
+#: with 128b/130b encoding = 31.5 GB/s a direction (PCI-SIG PCIe 4.0 base specification);
+#: about 25 GB/s is what pinned-memory copies reach in practice (CUDA bandwidthTest).
+PCIE_BANDWIDTH_GB_S = 25.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,16 @@ class RunConfig:
     seed: int = 0
     slo_ttft: float | None = None
     slo_tpot: float | None = None
+    queue: str = "fcfs"
+    preemption_mode: str = "recompute"
+    kv_allocation: str = "paged"
+    swap_space: float = 4.0
+    pcie_bandwidth: float = PCIE_BANDWIDTH_GB_S
+    tensor_parallel_size: int = 1
+    replicas: int = 1
+    router: str = "round-robin"
+    concurrency: int | None = None
+    think_time: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -68,12 +85,38 @@ class RunConfig:
                              f"{self.gpu_memory_utilization}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
+        if not (self.swap_space >= 0 and math.isfinite(self.swap_space)):
+            raise ValueError(f"swap_space must be a finite number >= 0 GiB, got {self.swap_space}")
+        if not (self.pcie_bandwidth > 0 and math.isfinite(self.pcie_bandwidth)):
+            raise ValueError(f"pcie_bandwidth must be a finite number > 0 GB/s, got "
+                             f"{self.pcie_bandwidth}")
         for name in ("step_time", "slo_ttft", "slo_tpot"):
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number > 0 seconds, got {v}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check_scale_out(self)
+
+
+def _check_scale_out(cfg: RunConfig) -> None:
+    """Validate the tensor-parallel, replica, router and closed-loop fields."""
+    for name in ("tensor_parallel_size", "replicas"):
+        v = getattr(cfg, name)
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if cfg.router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {cfg.router!r}")
+    if cfg.concurrency is not None:
+        if int(cfg.concurrency) != cfg.concurrency or cfg.concurrency < 1:
+            raise ValueError(f"concurrency must be an integer >= 1, got {cfg.concurrency!r}")
+        if cfg.rate is not None:
+            raise ValueError("give rate (open loop) or concurrency (closed loop), not both")
+    if not (cfg.think_time >= 0 and math.isfinite(cfg.think_time)):
+        raise ValueError(f"think_time must be a finite number >= 0 seconds, got "
+                         f"{cfg.think_time}")
+    if cfg.think_time > 0 and cfg.concurrency is None:
+        raise ValueError("think_time applies only to closed-loop clients (concurrency)")
 
 
 @dataclass
@@ -99,7 +142,8 @@ def prepare(cfg: RunConfig) -> Prepared:
     get_policy_class(cfg.policy)
     max_model_len = cfg.max_model_len or model.max_position_embeddings
     plan = plan_for(model, gpu, cfg.dtype, cfg.gpu_memory_utilization,
-                    cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.block_size)
+                    cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.block_size,
+                    tensor_parallel_size=cfg.tensor_parallel_size)
     if cfg.num_gpu_blocks is not None:
         num_blocks = cfg.num_gpu_blocks
         if num_blocks < 2:
@@ -114,6 +158,11 @@ def prepare(cfg: RunConfig) -> Prepared:
         max_model_len=max_model_len,
         long_prefill_token_threshold=cfg.long_prefill_token_threshold,
         scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
+        queue=cfg.queue, preemption_mode=cfg.preemption_mode, kv_allocation=cfg.kv_allocation,
+        kv_bytes_per_block=model.kv_bytes_per_token(
+            DTYPE_BYTES[cfg.dtype], cfg.tensor_parallel_size) * cfg.block_size,
+        swap_space_bytes=int(cfg.swap_space * GIB),
+        pcie_bandwidth_bytes_per_s=cfg.pcie_bandwidth * 1e9,
     )
     workload = build_workload(
         trace=Path(cfg.trace) if cfg.trace else None, trace_format=cfg.trace_format,
@@ -129,30 +178,58 @@ def _cost_model(cfg: RunConfig, model: Any, gpu: Any) -> tuple[CostModel, str]:
     if cfg.step_time is not None:
         return ConstantCostModel(cfg.step_time), f"constant {cfg.step_time} s per step"
     if cfg.profile is not None:
+        if cfg.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size must be 1 with a profile: calibrated "
+                             "profiles are measured on one GPU (use the roofline model)")
         from calibration.profile import ProfileCostModel, load_profile
 
         prof = load_profile(cfg.profile)
         return ProfileCostModel(prof), f"profile {cfg.profile}"
-    rl = RooflineCostModel(model, gpu, cfg.dtype)
-    return rl, f"roofline {model.name} on {gpu.name} ({cfg.dtype})"
+    tp = cfg.tensor_parallel_size
+    rl = RooflineCostModel(model, gpu, cfg.dtype, tensor_parallel_size=tp)
+    return rl, f"roofline {model.name} on {gpu.name} ({cfg.dtype}" + (
+        f", TP {tp})" if tp > 1 else ")")
 
 
 def simulate_prepared(
-    prep: Prepared, progress: Callable[[int], None] | None = None
+    prep: Prepared, progress: Callable[[int], None] | None = None,
+    observer: StepObserver | None = None,
 ) -> SimResult:
     """Run the engine over the prepared workload; ``progress(num_done)`` is called about
-    100 times over the workload's arrival span."""
-    w = prep.workload
-    arrivals = ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len, w.max_tokens,
-                              w.priority, w.request_id)
+    100 times over the workload's arrival span; ``observer`` after every step (see
+    sim.engine.StepObserver; the slot diagram uses it)."""
+    w, cfg = prep.workload, prep.config
+    arrivals, on_release = arrival_source(prep)
     span = float(w.arrival_time[-1] - w.arrival_time[0]) if len(w) else 0.0
-    return simulate(
-        arrivals, policy_factory=get_policy_class(prep.config.policy), config=prep.scheduler,
+    common: dict[str, Any] = dict(
+        policy_factory=get_policy_class(cfg.policy), config=prep.scheduler,
         cost_model=prep.cost_model, num_gpu_blocks=prep.num_gpu_blocks,
-        block_size=prep.config.block_size, slo_ttft_s=prep.config.slo_ttft,
-        slo_tpot_s=prep.config.slo_tpot, progress=progress,
-        slice_s=span / 100 if span > 0 else math.inf,
+        block_size=cfg.block_size, slo_ttft_s=cfg.slo_ttft, slo_tpot_s=cfg.slo_tpot,
+        progress=progress, on_release=on_release,
+        slice_s=span / 100 if span > 0 and cfg.concurrency is None else math.inf,
     )
+    if cfg.replicas > 1:
+        if observer is not None:
+            raise ValueError("a step observer (slot diagram) needs replicas 1")
+        from sim.cluster import simulate_cluster
+
+        return simulate_cluster(arrivals, num_replicas=cfg.replicas, router=cfg.router,
+                                **common)
+    result = simulate(arrivals, observer=observer, **common)
+    result.summary["replicas"] = [{"replica": 0, "num_routed": len(w), **result.summary}]
+    return result
+
+
+def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
+    """The run's arrival source and the release hook it needs: the workload's own
+    arrivals (open loop), or closed-loop users over its rows (``concurrency``)."""
+    w, cfg = prep.workload, prep.config
+    if cfg.concurrency is None:
+        return ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
+                              w.max_tokens, w.priority, w.request_id), None
+    src = ClosedLoopArrivals(w.num_prompt_tokens, w.output_len, w.max_tokens,
+                             cfg.concurrency, cfg.think_time, w.priority, w.request_id)
+    return src, src.release
 
 
 def resolved_config(prep: Prepared) -> dict[str, Any]:
@@ -162,6 +239,7 @@ def resolved_config(prep: Prepared) -> dict[str, Any]:
         "max_model_len": prep.scheduler.max_model_len,
         "num_gpu_blocks": prep.num_gpu_blocks,
         "kv_capacity_tokens": prep.num_gpu_blocks * prep.config.block_size,
+        "num_gpus": prep.config.replicas * prep.config.tensor_parallel_size,
         "cost_model": prep.cost_model_label,
         "workload": prep.workload.source,
         "num_requests": len(prep.workload),

@@ -15,7 +15,7 @@ import simpy
 
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
-from sim.engine import Engine, Scheduler, StepObserver
+from sim.engine import Engine, ReleaseHook, Scheduler, StepObserver
 from sim.kv_cache import KVCacheManager
 from sim.metrics import Recorder, summarize
 from sim.source import ArrivalSource
@@ -37,13 +37,14 @@ def simulate(
     cost_model: CostModel, num_gpu_blocks: int, block_size: int = 16,
     slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
     progress: Callable[[int], None] | None = None, slice_s: float = math.inf,
-    observer: StepObserver | None = None,
+    observer: StepObserver | None = None, on_release: ReleaseHook | None = None,
 ) -> SimResult:
     """Simulate until every request has finished or been rejected.
 
     policy_factory: called as ``policy_factory(config, kv)`` (a policy class works).
     progress: called with the number of requests done after each ``slice_s`` seconds of
       simulated time (never per step, so it costs nothing on the hot path).
+    on_release: the engine's release hook (closed-loop clients: ``source.release``).
     Raises SchedulerStuck if the policy stops making progress with work waiting.
     """
     env = simpy.Environment()
@@ -51,7 +52,8 @@ def simulate(
     policy: Scheduler = policy_factory(config, kv)
     rec = Recorder()
     proc = Engine(env, policy=policy, cost_model=cost_model, kv=kv, config=config,
-                  arrivals=arrivals, recorder=rec, observer=observer).start()
+                  arrivals=arrivals, recorder=rec, observer=observer,
+                  on_release=on_release).start()
     while proc.is_alive:
         env.run(until=proc if math.isinf(slice_s) else env.now + slice_s)
         if progress is not None:

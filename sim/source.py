@@ -4,6 +4,8 @@ arrival so a million-request workload never holds a million Request objects."""
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -95,3 +97,74 @@ class RequestListArrivals:
             j += 1
         self._i = j
         return reqs[i:j]
+
+
+class ClosedLoopArrivals:
+    """Closed-loop clients: ``concurrency`` users, each sending its next request
+    ``think_time_s`` after its previous one finished or was rejected (``vllm bench serve
+    --max-concurrency`` with an unbounded rate, GuideLLM's concurrent mode).
+
+    The requests are the columns' rows in order (row i is the i-th request sent; the
+    arrival_time column, if any, is not used); the first ``concurrency`` are sent at t = 0.
+    The engine must call ``release(req, now)`` for every request it records (its
+    ``on_release`` hook). ``exhausted()`` is True once every row has been handed over.
+    Raises ValueError for concurrency < 1, a negative or non-finite think time, or columns
+    of different lengths.
+    """
+
+    __slots__ = ("_ids", "_m", "_n", "_next", "_o", "_p", "_pending", "_prio", "_think")
+
+    def __init__(
+        self,
+        num_prompt_tokens: Sequence[int] | np.ndarray,
+        output_len: Sequence[int] | np.ndarray,
+        max_tokens: Sequence[int] | np.ndarray,
+        concurrency: int,
+        think_time_s: float = 0.0,
+        priority: Sequence[int] | np.ndarray | None = None,
+        request_id: Sequence[str] | None = None,
+    ) -> None:
+        if int(concurrency) != concurrency or concurrency < 1:
+            raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+        if not (think_time_s >= 0 and math.isfinite(think_time_s)):
+            raise ValueError(f"think_time must be a finite number >= 0 seconds, got "
+                             f"{think_time_s!r}")
+        self._p = [int(x) for x in num_prompt_tokens]
+        self._o = [int(x) for x in output_len]
+        self._m = [int(x) for x in max_tokens]
+        n = len(self._p)
+        self._prio = [int(x) for x in priority] if priority is not None else [0] * n
+        self._ids = list(request_id) if request_id is not None else None
+        if not (len(self._o) == len(self._m) == len(self._prio) == n):
+            raise ValueError("closed-loop columns must all have the same length")
+        self._n = n
+        self._think = float(think_time_s)
+        first = min(int(concurrency), n)
+        # (send time, row): rows are assigned in release order, so ties keep row order.
+        self._pending: list[tuple[float, int]] = [(0.0, i) for i in range(first)]
+        self._next = first
+
+    def __len__(self) -> int:
+        return self._n
+
+    def next_arrival_time(self) -> float | None:
+        return self._pending[0][0] if self._pending else None
+
+    def pop_arrived(self, now: float) -> list[Request]:
+        out: list[Request] = []
+        pending = self._pending
+        while pending and pending[0][0] <= now:
+            t, i = heapq.heappop(pending)
+            rid = self._ids[i] if self._ids is not None else str(i)
+            out.append(Request(rid, t, self._p[i], self._o[i], self._m[i], self._prio[i], i))
+        return out
+
+    def release(self, req: Request, now: float) -> None:
+        """The user whose request ``req`` just ended sends the next row after thinking."""
+        if self._next < self._n:
+            heapq.heappush(self._pending, (now + self._think, self._next))
+            self._next += 1
+
+    def exhausted(self) -> bool:
+        """True when every row has been handed over (no release can add another)."""
+        return not self._pending and self._next >= self._n

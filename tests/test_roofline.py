@@ -150,7 +150,6 @@ def test_moe_reads_only_touched_experts() -> None:
         ({"step_overhead_s": float("nan")}, "step_overhead_s"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
         ({"tensor_parallel_size": 3}, "tensor_parallel_size"),
-        ({"tensor_parallel_size": 2}, "tensor_parallel_size"),  # no interconnect numbers
     ],
 )
 def test_validation_names_the_field(kwargs: dict[str, object], field: str) -> None:
@@ -158,9 +157,15 @@ def test_validation_names_the_field(kwargs: dict[str, object], field: str) -> No
         RooflineCostModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"), **kwargs)  # type: ignore[arg-type]
 
 
+def test_tensor_parallel_needs_interconnect_numbers() -> None:
+    bare = replace(get_gpu("h100-sxm"), interconnect_bandwidth_bytes_per_s=None)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        RooflineCostModel(get_model("llama-3.1-8b"), bare, tensor_parallel_size=2)
+
+
 def test_tensor_parallel_with_interconnect_numbers() -> None:
     model = get_model("llama-3.1-70b")
-    # Illustrative interconnect figures for the test only (no preset carries any).
+    # Illustrative interconnect figures for the test only (not the preset's).
     gpu = replace(
         get_gpu("h100-sxm"), interconnect_bandwidth_bytes_per_s=300e9, interconnect_latency_s=1e-5
     )

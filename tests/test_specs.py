@@ -164,7 +164,8 @@ def test_gpu_numbers() -> None:
     assert h100.peak_flops("bf16") == pytest.approx(989.4e12)
     assert h100.peak_flops("fp16") == pytest.approx(989.4e12)
     assert h100.peak_flops("fp32") == pytest.approx(67e12)
-    assert h100.interconnect_bandwidth_bytes_per_s is None
+    assert h100.interconnect_bandwidth_bytes_per_s == pytest.approx(450e9)  # NVLink 4, one way
+    assert h100.interconnect_latency_s == pytest.approx(10e-6)
     assert get_gpu("h200-sxm").memory_bytes == 140 * GIB  # 141 GB label, ~140 GiB usable
     assert get_gpu("rtx-3060").peak_flops("bf16") == pytest.approx(25.5e12)  # FP32 accumulate
     assert all(get_gpu(name).source for name in GPUS)

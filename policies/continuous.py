@@ -1,0 +1,100 @@
+"""``continuous``: iteration-level batching without chunked prefill, as vLLM V0's default
+scheduler does it (``vllm/core/scheduler.py``, ``_schedule_default``): requests join and
+leave the batch at every step (Orca's iteration-level scheduling, OSDI '22), but a step
+either prefills or decodes, never both (Orca mixes them; ``chunked`` does too).
+
+Rules, each step:
+1. Prefill: unless a request is swapped out, admit waiting requests in queue order while
+   max_num_seqs, the token budget (whole prompts: a prompt is never chunked) and the free
+   blocks allow, keeping a watermark of 1% of num_gpu_blocks free (vLLM V0's
+   ``watermark=0.01``) while anything runs. If any were admitted the step is prefill-only:
+   running requests hold their slots but compute nothing (idle slots).
+2. Otherwise decode: one token for every running request, in order. When one cannot get a
+   block, preempt the victim (the tail of running; under priority the largest
+   (priority, arrival_time)) until it fits, possibly itself.
+3. Then, if nothing was preempted, swap requests back in (swap mode), oldest first; they
+   decode in the same step. No waiting request is admitted while any is swapped out.
+A prompt longer than max_num_batched_tokens can never be scheduled, so such requests are
+rejected at arrival with that reason (vLLM V0 ignores them with a warning). A request
+preempted by recompute re-prefills its prompt plus its generated tokens in one step; when
+that exceeds the budget it is the step's only prefill. long_prefill_token_threshold does
+not apply (nothing is chunked).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from policies.base import QueuePolicy
+from sim.batch import BatchPlan
+from sim.request import Request
+
+#: Fraction of num_gpu_blocks kept free at admission (vLLM V0 CacheConfig default).
+WATERMARK = 0.01
+
+
+class ContinuousPolicy(QueuePolicy):
+    """Prefill-first iteration-level batching; see the module docstring for the rules."""
+
+    name: ClassVar[str] = "continuous"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.watermark_blocks = int(WATERMARK * self.kv.num_gpu_blocks)
+
+    def rejection_reason(self, req: Request) -> str | None:
+        budget = self.config.max_num_batched_tokens
+        if req.num_prompt_tokens > budget:
+            return (f"num_prompt_tokens ({req.num_prompt_tokens}) > max_num_batched_tokens "
+                    f"({budget}): continuous batching never chunks a prompt")
+        return super().rejection_reason(req)
+
+    def schedule(self, now: float) -> BatchPlan:
+        scheduled: dict[Request, int] = {}
+        preempted: list[Request] = []
+        if not self.swapped:
+            self._schedule_prefills(scheduled)
+        if not scheduled:
+            budget = self._schedule_decodes(scheduled, preempted)
+            if not preempted:
+                self.resume_swapped(scheduled, budget, self.watermark_blocks)
+        return self.make_plan(scheduled, preempted)
+
+    def _schedule_prefills(self, scheduled: dict[Request, int]) -> None:
+        budget = self.config.max_num_batched_tokens
+        waiting, kv = self.waiting, self.kv
+        while len(waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = waiting.peek()
+            n = req.num_new_tokens
+            if n > budget and scheduled:
+                break
+            reserve = self.watermark_blocks if self.running else 0
+            if self.blocks_needed(req, n) + reserve > kv.num_free_blocks:
+                break
+            ok = self.allocate(req, n)
+            assert ok, "checked above"
+            self.admit(req)
+            scheduled[req] = n
+            budget -= n
+
+    def _schedule_decodes(self, scheduled: dict[Request, int], preempted: list[Request]) -> int:
+        budget = self.config.max_num_batched_tokens
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.num_new_tokens, budget)
+            while not self.allocate(req, n):
+                victim = self.pick_victim()
+                if victim in scheduled:
+                    budget += scheduled.pop(victim)
+                    i -= 1
+                self.preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                scheduled[req] = n
+                budget -= n
+                i += 1
+        return budget

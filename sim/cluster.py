@@ -1,0 +1,247 @@
+"""Several identical engines behind a router, in one SimPy environment.
+
+Owns the Router (which replica gets each request, decided at the request's arrival time
+from the replicas' state at that time), each replica's inbox (the ArrivalSource its engine
+pulls from) and the merge of per-replica records into one run.
+
+How arrivals flow. The router holds the run's one arrival source. It routes every request
+with arrival_time <= now whenever either (a) its own timer fires at the next arrival time,
+or (b) any replica's engine pulls from its inbox; (b) makes routing independent of the
+order SimPy happens to process simultaneous events, so an arrival at the very instant a
+step ends is seen by that step's successor, exactly as with one engine. An idle engine
+waits on a wake event (the engine's ``wake`` hook) that the router fires when it routes a
+request to it. Closed-loop clients work the same way: a release schedules the user's next
+request in the source, and the router is told to set its timer.
+
+Routers (ties always go to the replica routed to least so far, then the lowest index, so a
+run is deterministic):
+
+- ``round-robin``: request i goes to replica i mod N, whatever their state.
+- ``least-outstanding``: fewest requests routed and not yet finished or rejected.
+- ``least-kv``: lowest KV load = (blocks in use + blocks the prompts routed but not yet
+  started will need) / usable blocks, i.e. the engine's KV-usage gauge plus what the
+  router knows it has queued there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.config import SchedulerConfig
+from sim.cost_model import CostModel
+from sim.engine import Engine, ReleaseHook, Scheduler
+from sim.kv_cache import KVCacheManager
+from sim.metrics import Recorder, summarize
+from sim.request import Request
+from sim.simulate import SimResult
+from sim.source import ArrivalSource, ClosedLoopArrivals
+
+ROUTERS = ("round-robin", "least-outstanding", "least-kv")
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    """One engine's router-side state: its inbox, pool, recorder and counters."""
+
+    index: int
+    kv: KVCacheManager
+    recorder: Recorder
+    inbox: deque[Request] = field(default_factory=deque)
+    routed: list[int] = field(default_factory=list)  # workload indices routed here
+    waking: simpy.Event | None = None
+    not_started: deque[Request] = field(default_factory=deque)
+    not_started_blocks: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Requests routed here and not yet finished or rejected."""
+        return len(self.routed) - self.recorder.num_requests
+
+    def kv_load(self) -> float:
+        """(blocks in use + prompt blocks of requests not yet started) / usable blocks."""
+        q = self.not_started
+        while q and (q[0].first_scheduled_time is not None or q[0].is_finished):
+            self.not_started_blocks -= self.kv.blocks_for(q.popleft().num_prompt_tokens)
+        used = self.kv.num_used_blocks + self.not_started_blocks
+        return used / max(self.kv.num_usable_blocks, 1)
+
+
+class Inbox:
+    """The ArrivalSource one replica's engine pulls from: what the router sent it."""
+
+    __slots__ = ("_replica", "_router")
+
+    def __init__(self, router: Router, replica: Replica) -> None:
+        self._router = router
+        self._replica = replica
+
+    def next_arrival_time(self) -> float | None:
+        q = self._replica.inbox
+        return q[0].arrival_time if q else None
+
+    def pop_arrived(self, now: float) -> list[Request]:
+        self._router.advance(now)
+        q = self._replica.inbox
+        out: list[Request] = []
+        while q and q[0].arrival_time <= now:
+            out.append(q.popleft())
+        return out
+
+
+class Router:
+    """Routes each arrival of ``source`` to one of ``replicas`` by ``policy`` (ROUTERS).
+
+    Raises ValueError naming router for an unknown policy.
+    """
+
+    def __init__(self, env: simpy.Environment, source: ArrivalSource,
+                 replicas: list[Replica], policy: str) -> None:
+        if policy not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {policy!r}")
+        self.env = env
+        self.source = source
+        self.replicas = replicas
+        self.policy = policy
+        self._count = 0
+        self._timer_at: float | None = None
+        self._closed = source if isinstance(source, ClosedLoopArrivals) else None
+
+    def exhausted(self) -> bool:
+        """No request is left to route, now or later."""
+        if self._closed is not None:
+            return self._closed.exhausted()
+        return self.source.next_arrival_time() is None
+
+    def advance(self, now: float) -> None:
+        """Route every request that has arrived by ``now``; wake idle engines it reaches."""
+        for req in self.source.pop_arrived(now):
+            rep = self._choose()
+            self._count += 1
+            rep.inbox.append(req)
+            rep.routed.append(req.index)
+            rep.not_started.append(req)
+            rep.not_started_blocks += rep.kv.blocks_for(req.num_prompt_tokens)
+            self._wake(rep)
+        if self.exhausted():
+            for rep in self.replicas:
+                self._wake(rep)  # no more work: let idle engines finish
+        else:
+            self.set_timer()
+
+    def set_timer(self) -> None:
+        """Make sure the router wakes at the source's next arrival time."""
+        nxt = self.source.next_arrival_time()
+        if nxt is None or (self._timer_at is not None and self._timer_at <= nxt):
+            return
+        self._timer_at = nxt
+        timer = self.env.timeout(max(nxt - self.env.now, 0.0))
+        timer.callbacks.append(self._on_timer)
+
+    def _on_timer(self, _event: simpy.Event) -> None:
+        self._timer_at = None
+        self.advance(self.env.now)
+
+    def wake_event(self, rep: Replica) -> simpy.Event | None:
+        """The engine's wake hook: an event fired when ``rep`` gets a request, or None
+        when none will come."""
+        if self.exhausted() and not rep.inbox:
+            return None
+        if rep.waking is None:
+            rep.waking = self.env.event()
+        return rep.waking
+
+    @staticmethod
+    def _wake(rep: Replica) -> None:
+        if rep.waking is not None:
+            event, rep.waking = rep.waking, None
+            event.succeed()
+
+    def _choose(self) -> Replica:
+        reps = self.replicas
+        if self.policy == "round-robin":
+            return reps[self._count % len(reps)]
+        if self.policy == "least-outstanding":
+            return min(reps, key=lambda r: (r.outstanding, len(r.routed), r.index))
+        return min(reps, key=lambda r: (r.kv_load(), r.outstanding, len(r.routed), r.index))
+
+
+def simulate_cluster(
+    source: ArrivalSource, *, num_replicas: int, router: str, policy_factory: Any,
+    config: SchedulerConfig, cost_model: CostModel, num_gpu_blocks: int, block_size: int = 16,
+    slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
+    progress: Callable[[int], None] | None = None, slice_s: float = math.inf,
+    on_release: ReleaseHook | None = None,
+) -> SimResult:
+    """Simulate ``num_replicas`` identical engines (each its own policy, KV pool and cost
+    model) behind ``router`` until every request has finished or been rejected.
+
+    The result's requests and steps carry a ``replica`` column; its summary is the whole
+    cluster's (summarize over every record) with a ``replicas`` list of per-replica
+    summaries. Raises ValueError for num_replicas < 1 or an unknown router, SchedulerStuck
+    as one engine does.
+    """
+    if int(num_replicas) != num_replicas or num_replicas < 1:
+        raise ValueError(f"replicas must be an integer >= 1, got {num_replicas!r}")
+    env = simpy.Environment()
+    reps = [Replica(i, KVCacheManager(num_gpu_blocks, block_size), Recorder())
+            for i in range(num_replicas)]
+    rt = Router(env, source, reps, router)
+
+    def release(req: Request, now: float) -> None:
+        if on_release is not None:
+            on_release(req, now)
+            rt.set_timer()
+
+    procs = []
+    for rep in reps:
+        policy: Scheduler = policy_factory(config, rep.kv)
+        engine = Engine(env, policy=policy, cost_model=cost_model, kv=rep.kv, config=config,
+                        arrivals=Inbox(rt, rep), recorder=rep.recorder, on_release=release,
+                        wake=lambda rep=rep: rt.wake_event(rep))
+        procs.append(engine.start())
+    rt.set_timer()
+    done = simpy.AllOf(env, procs)
+    while not done.triggered:
+        env.run(until=done if math.isinf(slice_s) else env.now + slice_s)
+        if progress is not None:
+            progress(sum(r.recorder.num_requests for r in reps))
+    return _merge(reps, config.max_num_seqs, num_gpu_blocks, block_size, slo_ttft_s,
+                  slo_tpot_s)
+
+
+def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_size: int,
+           slo_ttft_s: float | None, slo_tpot_s: float | None) -> SimResult:
+    """One SimResult for the cluster: rows in workload order (requests) and start-time
+    order (steps), each with its replica; the summary over all, plus per-replica ones."""
+    kw: dict[str, Any] = {"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks,
+                          "block_size": block_size, "slo_ttft_s": slo_ttft_s,
+                          "slo_tpot_s": slo_tpot_s}
+    req_frames, step_frames, itls, per_replica = [], [], [], []
+    for rep in reps:
+        req = rep.recorder.requests_frame()
+        steps = rep.recorder.steps_frame()
+        itl = (np.frombuffer(rep.recorder.itl, dtype=np.float64).copy()
+               if len(rep.recorder.itl) else np.zeros(0))
+        per_replica.append({"replica": rep.index, "num_routed": len(rep.routed),
+                            **summarize(req, steps, itl, **kw)})
+        req_frames.append(req.assign(replica=rep.index))
+        step_frames.append(steps.assign(replica=rep.index))
+        itls.append(itl)
+    # Each replica's frame is in ascending workload index; put the whole in that order.
+    order = np.argsort(np.concatenate([np.sort(np.asarray(r.routed, dtype=np.int64))
+                                       for r in reps]), kind="stable")
+    requests = pd.concat(req_frames, ignore_index=True).iloc[order].reset_index(drop=True)
+    steps = (pd.concat(step_frames, ignore_index=True)
+             .sort_values(["start_time", "replica"], kind="stable").reset_index(drop=True))
+    itl_all = np.concatenate(itls) if itls else np.zeros(0)
+    summary = summarize(requests, steps, itl_all, **kw)
+    summary["replicas"] = per_replica
+    return SimResult(requests, steps, itl_all, summary)

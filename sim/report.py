@@ -1,0 +1,458 @@
+"""HTML reports of run directories: one self-contained file that works offline.
+
+Owns loading a run directory (config.json, summary.json, requests.csv, steps.csv), the
+report's figures and tables, and the page shell that inlines plotly.js once for every
+figure on the page (``page``, shared with the slot diagram). plotly is imported lazily,
+inside the functions that draw.
+
+Size control, so a 19,366-request replay stays a few MB on top of plotly.js (~4.7 MB):
+- CDFs keep at most ``CDF_POINTS`` points of each empirical CDF: the sorted values at
+  evenly spaced ranks, first and last included, each at its exact cumulative fraction.
+- The step timeline keeps at most ``TIMELINE_POINTS`` points per series: when a run has
+  more steps, the time from the first step's start to the last step's end is cut into
+  that many equal buckets and each bucket becomes one point at its midpoint: batch size,
+  KV cache usage and waiting queue length are means weighted by step duration (the level
+  seen over the busy time of the bucket), prefill and decode tokens are means per step,
+  preemptions are the bucket's total. Buckets without a step are gaps in the line.
+- Throughput is tokens (or requests) per second over ``THROUGHPUT_BUCKETS`` equal buckets.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+CDF_POINTS = 1000
+TIMELINE_POINTS = 2000
+THROUGHPUT_BUCKETS = 200
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+RUN_FILES = ("config.json", "summary.json", "requests.csv", "steps.csv")
+
+
+@dataclass
+class RunData:
+    """One run directory, loaded."""
+
+    name: str
+    path: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def load_run(path: Path, name: str | None = None) -> RunData:
+    """Read a run directory written by ``servesim run``.
+
+    Raises FileNotFoundError naming the missing file, ValueError for a bad file.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"run directory {path} not found")
+    for f in RUN_FILES:
+        if not (path / f).is_file():
+            raise FileNotFoundError(f"{path / f} not found: not a servesim run directory")
+    try:
+        config = json.loads((path / "config.json").read_text())
+        summary = json.loads((path / "summary.json").read_text())
+        requests = pd.read_csv(path / "requests.csv")
+        steps = pd.read_csv(path / "steps.csv")
+    except (json.JSONDecodeError, pd.errors.ParserError) as e:
+        raise ValueError(f"{path}: unreadable run file ({e})") from e
+    return RunData(name or path.name, path, config, summary, requests, steps)
+
+
+def load_runs(paths: Sequence[Path]) -> list[RunData]:
+    """Load several runs, naming each by its directory name (the full path where two
+    names collide)."""
+    names = [Path(p).name for p in paths]
+    return [load_run(Path(p), n if names.count(n) == 1 else str(p))
+            for p, n in zip(paths, names, strict=True)]
+
+
+# -- data reduction ----------------------------------------------------------------------
+
+
+def cdf_points(values: np.ndarray, max_points: int = CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(x, F(x)) of the empirical CDF of the finite values, at most ``max_points`` points
+    (evenly spaced ranks, min and max kept)."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    v = v[np.isfinite(v)]
+    n = v.size
+    if n == 0:
+        return v, v
+    idx = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(np.int64))
+    return v[idx], (idx + 1) / n
+
+
+def timeline(steps: pd.DataFrame, num_usable_blocks: int,
+             max_points: int = TIMELINE_POINTS) -> pd.DataFrame:
+    """The step timeline, bucketed in time when longer than ``max_points`` (see the
+    module docstring). Columns: time, num_seqs, num_prefill_tokens, num_decode_tokens,
+    kv_usage (fraction), num_waiting, num_preempted."""
+    t = steps["start_time"].to_numpy(np.float64)
+    d = steps["duration_s"].to_numpy(np.float64)
+    cols = {c: steps[c].to_numpy(np.float64) for c in (
+        "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting", "num_preempted")}
+    cols["kv_usage"] = steps["kv_blocks_used"].to_numpy(np.float64) / max(num_usable_blocks, 1)
+    if len(t) <= max_points:
+        return pd.DataFrame({"time": t, **cols})
+    t0, t1 = float(t.min()), float((t + d).max())
+    idx = np.minimum(((t - t0) / (t1 - t0) * max_points).astype(np.int64), max_points - 1)
+    n = np.bincount(idx, minlength=max_points).astype(np.float64)
+    busy = np.bincount(idx, weights=d, minlength=max_points)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        def weighted(x: np.ndarray) -> np.ndarray:
+            return np.bincount(idx, weights=x * d, minlength=max_points) / busy
+
+        def per_step(x: np.ndarray) -> np.ndarray:
+            return np.bincount(idx, weights=x, minlength=max_points) / n
+
+        out = {
+            "time": t0 + (np.arange(max_points) + 0.5) * (t1 - t0) / max_points,
+            "num_seqs": weighted(cols["num_seqs"]),
+            "num_prefill_tokens": per_step(cols["num_prefill_tokens"]),
+            "num_decode_tokens": per_step(cols["num_decode_tokens"]),
+            "kv_usage": weighted(cols["kv_usage"]),
+            "num_waiting": weighted(cols["num_waiting"]),
+            "num_preempted": np.where(n > 0, np.bincount(
+                idx, weights=cols["num_preempted"], minlength=max_points), np.nan),
+        }
+    return pd.DataFrame(out)
+
+
+def throughput(steps: pd.DataFrame, requests: pd.DataFrame,
+               num_buckets: int = THROUGHPUT_BUCKETS) -> pd.DataFrame:
+    """Per-second rates over equal time buckets: total_tokens_per_s (prefill + decode
+    tokens computed), output_tokens_per_s (decodes plus first tokens) and
+    requests_per_s (finished requests)."""
+    t = steps["start_time"].to_numpy(np.float64)
+    if len(t) == 0:
+        return pd.DataFrame(columns=["time", "total_tokens_per_s", "output_tokens_per_s",
+                                     "requests_per_s"])
+    t0 = float(t.min())
+    t1 = float((t + steps["duration_s"].to_numpy(np.float64)).max())
+    width = (t1 - t0) / num_buckets if t1 > t0 else 1.0
+    edges = t0 + np.arange(num_buckets + 1) * width
+
+    def rate(times: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        return np.histogram(times, bins=edges, weights=weights)[0] / width
+
+    pre = steps["num_prefill_tokens"].to_numpy(np.float64)
+    dec = steps["num_decode_tokens"].to_numpy(np.float64)
+    first = requests["first_token_time"].to_numpy(np.float64)
+    fin = requests.loc[requests["status"] == "finished", "finish_time"].to_numpy(np.float64)
+    return pd.DataFrame({
+        "time": edges[:-1] + width / 2,
+        "total_tokens_per_s": rate(t, pre + dec),
+        "output_tokens_per_s": rate(t, dec) + rate(first[np.isfinite(first)]),
+        "requests_per_s": rate(fin[np.isfinite(fin)]),
+    })
+
+
+# -- figures ------------------------------------------------------------------------------
+
+CDF_METRICS = (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_latency_s", "E2E latency (s)"),
+               ("queued_time_s", "queueing time (s)"))
+
+
+def cdf_figure(runs: list[RunData]) -> Any:
+    """2 x 2 CDFs of TTFT, TPOT, E2E latency and queueing time, runs overlaid."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in CDF_METRICS],
+                        vertical_spacing=0.14, horizontal_spacing=0.08)
+    for i, run in enumerate(runs):
+        colour = COLOURS[i % len(COLOURS)]
+        for j, (col, label) in enumerate(CDF_METRICS):
+            x, y = cdf_points(run.requests[col].to_numpy())
+            fig.add_trace(go.Scatter(
+                x=x, y=y, mode="lines", line={"color": colour, "shape": "hv"}, name=run.name,
+                legendgroup=run.name, showlegend=j == 0,
+                hovertemplate=f"{label} %{{x:.4g}}<br>fraction %{{y:.3f}}<extra>{run.name}</extra>",
+            ), row=j // 2 + 1, col=j % 2 + 1)
+    fig.update_yaxes(range=[0, 1.01], title_text="fraction of requests", col=1)
+    fig.update_layout(title="Latency distributions (empirical CDFs)", height=650,
+                      margin={"t": 80})
+    return fig
+
+
+TIMELINE_ROWS = (
+    ("batch size (seqs)", ("num_seqs",)),
+    ("tokens per step (prefill solid, decode dotted)",
+     ("num_prefill_tokens", "num_decode_tokens")),
+    ("KV cache usage", ("kv_usage",)),
+    ("waiting queue (requests)", ("num_waiting",)),
+    ("preemptions", ("num_preempted",)),
+)
+
+
+def timeline_figure(runs: list[RunData]) -> Any:
+    """The step timeline, one row per quantity, runs overlaid (bucketed when long)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=len(TIMELINE_ROWS), cols=1, shared_xaxes=True,
+                        subplot_titles=[t for t, _ in TIMELINE_ROWS], vertical_spacing=0.05)
+    bucketed = False
+    for i, run in enumerate(runs):
+        colour = COLOURS[i % len(COLOURS)]
+        usable = int(run.summary["kv_cache"]["num_gpu_blocks"]) - 1
+        for name, steps in _per_replica(run):
+            tl = timeline(steps, usable)
+            bucketed |= len(tl) < len(steps)
+            first = True
+            for r, (_, cols) in enumerate(TIMELINE_ROWS):
+                for c in cols:
+                    fig.add_trace(go.Scatter(
+                        x=tl["time"].to_numpy(), y=tl[c].to_numpy(), mode="lines", name=name,
+                        legendgroup=name, showlegend=first,
+                        line={"color": colour, "width": 1,
+                              "dash": "dot" if c == "num_decode_tokens" else "solid"},
+                        hovertemplate=f"{c} %{{y:.4g}} at %{{x:.3f}} s<extra>{name}</extra>",
+                    ), row=r + 1, col=1)
+                    first = False
+    fig.update_yaxes(tickformat=".0%", row=3, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=len(TIMELINE_ROWS), col=1)
+    note = (f"each point: one of {TIMELINE_POINTS:,} equal time buckets (duration-weighted "
+            "means; preemptions summed)" if bucketed else "one point per engine step")
+    fig.update_layout(title=f"Step timeline<br><sup>{note}</sup>", height=1100,
+                      margin={"t": 90})
+    return fig
+
+
+def _per_replica(run: RunData) -> list[tuple[str, pd.DataFrame]]:
+    """A run's steps, split by replica for a cluster run (its steps.csv has a
+    ``replica`` column): each engine's batch and KV cache is its own."""
+    steps = run.steps
+    if "replica" not in steps or steps["replica"].nunique() <= 1:
+        return [(run.name, steps)]
+    return [(f"{run.name} replica {k}", g) for k, g in steps.groupby("replica", sort=True)]
+
+
+def throughput_figure(runs: list[RunData]) -> Any:
+    """Token and request throughput over time, runs overlaid."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=["tokens/s (output solid, all computed dashed)",
+                                        "finished requests/s"])
+    for i, run in enumerate(runs):
+        colour = COLOURS[i % len(COLOURS)]
+        th = throughput(run.steps, run.requests)
+        x = th["time"].to_numpy()
+        for col, row, dash, show in (("output_tokens_per_s", 1, "solid", True),
+                                     ("total_tokens_per_s", 1, "dash", False),
+                                     ("requests_per_s", 2, "solid", False)):
+            fig.add_trace(go.Scatter(
+                x=x, y=th[col].to_numpy(), mode="lines", name=run.name, legendgroup=run.name,
+                showlegend=show, line={"color": colour, "dash": dash, "width": 1.5},
+                hovertemplate=f"{col} %{{y:,.1f}} at %{{x:.2f}} s<extra>{run.name}</extra>",
+            ), row=row, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
+    fig.update_layout(title=f"Throughput over time ({THROUGHPUT_BUCKETS} equal time buckets)",
+                      height=600, margin={"t": 80})
+    return fig
+
+
+# -- tables -------------------------------------------------------------------------------
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str = "",
+           bold_rows: set[int] | None = None) -> str:
+    """An HTML table; cells are escaped here."""
+    idattr = f' id="{table_id}"' if table_id else ""
+    out = [f"<table{idattr}><thead><tr>"
+           + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>"]
+    for i, row in enumerate(rows):
+        cls = ' class="diff"' if bold_rows and i in bold_rows else ""
+        out.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _flat_config(cfg: dict[str, Any]) -> dict[str, str]:
+    out = {k: "-" if v is None else str(v) for k, v in cfg.items() if k != "resolved"}
+    for k, v in (cfg.get("resolved") or {}).items():
+        if k != "kv_plan":
+            out[f"resolved.{k}"] = "-" if v is None else str(v)
+    return out
+
+
+def config_table(runs: list[RunData]) -> str:
+    """Configuration, one column per run; rows that differ between runs are marked."""
+    flat = [_flat_config(r.config) for r in runs]
+    keys = [k for k in dict.fromkeys(k for f in flat for k in f)
+            if any(f.get(k, "-") != "-" for f in flat)]
+    rows = [[k, *(f.get(k, "-") for f in flat)] for k in keys]
+    diff = {i for i, row in enumerate(rows) if len(set(row[1:])) > 1}
+    return _table(["setting", *(r.name for r in runs)], rows, table_id="config",
+                  bold_rows=diff)
+
+
+def _num(x: Any, scale: float = 1.0, fmt: str = ",.3f") -> str:
+    return "-" if x is None else format(x * scale, fmt)
+
+
+LATENCY_ROWS = (("ttft_s", "TTFT (ms)", 1000.0), ("tpot_s", "TPOT (ms)", 1000.0),
+                ("itl_s", "ITL (ms)", 1000.0), ("e2e_latency_s", "E2E latency (s)", 1.0),
+                ("queued_time_s", "queueing time (s)", 1.0))
+
+
+def latency_table(run: RunData) -> str:
+    """mean / p50 / p90 / p95 / p99 / max of each latency metric of one run."""
+    stats = ("mean", "p50", "p90", "p95", "p99", "max")
+    rows = [[label, *(_num(run.summary[key][s], scale, ",.1f" if scale > 1 else ",.3f")
+                      for s in stats)] for key, label, scale in LATENCY_ROWS]
+    return _table(["metric", *stats], rows)
+
+
+def _pick(path: str) -> Callable[[dict[str, Any]], Any]:
+    def get(summary: dict[str, Any]) -> Any:
+        v: Any = summary
+        for part in path.split("."):
+            v = None if v is None else v.get(part)
+        return v
+    return get
+
+
+#: (label, summary path, scale, format, better) for the headline and comparison tables.
+HEADLINE = (
+    ("requests finished", "num_finished", 1, ",d", "higher"),
+    ("requests rejected", "num_rejected", 1, ",d", "lower"),
+    ("duration (s)", "duration_s", 1, ",.2f", ""),
+    ("throughput (req/s)", "throughput.requests_per_s", 1, ",.3f", "higher"),
+    ("output tokens/s", "throughput.output_tokens_per_s", 1, ",.1f", "higher"),
+    ("total tokens/s", "throughput.total_tokens_per_s", 1, ",.1f", "higher"),
+    ("goodput (req/s)", "goodput_requests_per_s", 1, ",.3f", "higher"),
+    ("TTFT p50 (ms)", "ttft_s.p50", 1000, ",.1f", "lower"),
+    ("TTFT p99 (ms)", "ttft_s.p99", 1000, ",.1f", "lower"),
+    ("TPOT p50 (ms)", "tpot_s.p50", 1000, ",.2f", "lower"),
+    ("TPOT p99 (ms)", "tpot_s.p99", 1000, ",.2f", "lower"),
+    ("E2E p50 (s)", "e2e_latency_s.p50", 1, ",.3f", "lower"),
+    ("E2E p99 (s)", "e2e_latency_s.p99", 1, ",.3f", "lower"),
+    ("queueing p99 (s)", "queued_time_s.p99", 1, ",.3f", "lower"),
+    ("preemptions", "num_preemptions", 1, ",d", "lower"),
+    ("KV cache peak usage", "kv_cache.peak_usage", 1, ".1%", ""),
+    ("KV cache mean usage", "kv_cache.mean_usage", 1, ".1%", ""),
+    ("mean batch (seqs)", "batch.mean_num_seqs", 1, ",.1f", ""),
+    ("slots useful", "slots.useful_fraction", 1, ".1%", "higher"),
+    ("slots held idle", "slots.idle_fraction", 1, ".1%", "lower"),
+    ("slots empty", "slots.empty_fraction", 1, ".1%", ""),
+)
+
+
+def headline_table(runs: list[RunData], table_id: str) -> str:
+    """Headline metrics, one column per run; with several runs the best value of each
+    metric that has a direction is starred."""
+    rows = []
+    for label, path, scale, fmt, better in HEADLINE:
+        vals = [_pick(path)(r.summary) for r in runs]
+        cells = [_num(v, scale, fmt) for v in vals]
+        known = [v for v in vals if v is not None]
+        if len(runs) > 1 and better and known and len(set(known)) > 1:
+            best = max(known) if better == "higher" else min(known)
+            cells = [c + " *" if v == best else c for c, v in zip(cells, vals, strict=True)]
+        rows.append([label + (f" ({better} is better)" if len(runs) > 1 and better else ""),
+                     *cells])
+    return _table(["metric", *(r.name for r in runs)], rows, table_id=table_id)
+
+
+# -- the page -----------------------------------------------------------------------------
+
+CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
+table{border-collapse:collapse;margin:8px 0 20px;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th:first-child,td:first-child{text-align:left}tr.diff td{font-weight:bold;background:#fff6d5}
+pre{font-size:13px;background:#f7f7f7;padding:8px;overflow-x:auto}
+.figure{margin:12px 0 28px}h2{margin-top:28px;font-size:20px}
+.row{display:flex;flex-wrap:wrap;gap:32px;align-items:flex-start}.note{font-size:12px;color:#666}"""
+
+
+def page(title: str, parts: Sequence[str | Any]) -> str:
+    """A self-contained HTML page: ``parts`` are HTML strings or plotly figures, in order.
+    plotly.js is inlined once in the head; each figure is a div and an inline script."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    body = []
+    n = 0
+    for part in parts:
+        if isinstance(part, str):
+            body.append(part)
+            continue
+        n += 1
+        body.append('<div class="figure">' + pio.to_html(
+            part, full_html=False, include_plotlyjs=False, div_id=f"figure-{n}",
+            config={"displaylogo": False, "responsive": True}) + "</div>")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{CSS}</style>\n"
+            f"<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
+            f"<h1>{html.escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def report_parts(runs: list[RunData]) -> list[str | Any]:
+    """The report, in order: tables and figures."""
+    names = ", ".join(html.escape(r.name) for r in runs)
+    head = "Comparison" if len(runs) > 1 else "Summary"
+    tables = [f"<div><h2>{head}</h2>"
+              + headline_table(runs, "comparison" if len(runs) > 1 else "summary") + "</div>"]
+    tables.append("<div>" + "".join(f"<h2>Latency: {html.escape(r.name)}</h2>"
+                                    + latency_table(r) for r in runs) + "</div>")
+    tables.append("<div><h2>Configuration</h2>" + config_table(runs)
+                  + "<p class=\"note\">settings left unset in every run are not listed; "
+                  "changed settings are highlighted</p></div>")
+    parts: list[str | Any] = [f"<p>runs: {names}</p>", '<div class="row">', *tables, "</div>"]
+    figs = report_figures(runs)
+    parts += ["<h2>Latency CDFs</h2>", figs[0], "<h2>Step timeline</h2>", figs[1],
+              "<h2>Throughput over time</h2>", figs[2]]
+    return parts
+
+
+def report_figures(runs: list[RunData]) -> list[Any]:
+    return [cdf_figure(runs), timeline_figure(runs), throughput_figure(runs)]
+
+
+def write_report(paths: Sequence[Path], out: Path) -> int:
+    """Load the runs, write the report to ``out`` and return its size in bytes."""
+    runs = load_runs(paths)
+    text = page("servesim report", report_parts(runs))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return len(text.encode("utf-8"))
+
+
+def kaleido_missing() -> str | None:
+    """None when plotly can export PNG here, else a one-line reason."""
+    if importlib.util.find_spec("kaleido") is None:
+        return "PNG export needs kaleido, which is not installed (pip install kaleido)"
+    return None
+
+
+def write_pngs(figs: Sequence[Any], out: Path) -> list[Path]:
+    """Write each figure as ``out`` (one figure) or ``out-1.png``, ``out-2.png``, ...
+    Raises ValueError with a one-line reason when kaleido is missing or fails."""
+    reason = kaleido_missing()
+    if reason:
+        raise ValueError(reason)
+    out = Path(out)
+    paths = [out] if len(figs) == 1 else [
+        out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}") for i in range(len(figs))]
+    for fig, p in zip(figs, paths, strict=True):
+        try:
+            fig.write_image(str(p), width=1400, height=fig.layout.height or 700)
+        except Exception as e:  # kaleido's errors vary by version; report them in one line
+            raise ValueError(f"PNG export failed: {e}".splitlines()[0]) from e
+    return paths

@@ -1,0 +1,87 @@
+"""Saturation: did the queue grow without bound over the arrival window?
+
+A run whose offered load exceeds what the engine serves has no steady state: its backlog
+grows for as long as requests keep arriving, so its latency percentiles measure the length
+of the window, not the system. Such a run is flagged ``saturated`` in summary.json and its
+percentiles are marked as not steady-state (``latency_steady_state: false``).
+
+The rule, on the request records alone (no step rows needed, so it also holds across the
+idle gaps of an engine and for a whole cluster):
+
+- N(t) = requests in the system at t: arrived and not yet finished (a rejected request
+  leaves at its arrival).
+- Over the second half of the arrival window [t_mid, t_last] (the first half lets the
+  system fill up to its working level), fit a least-squares line to N(t) sampled at
+  GRID_POINTS evenly spaced times.
+- saturated when the slope exceeds GROWTH_FRACTION of the offered rate (n - 1) /
+  (t_last - t_first), i.e. throughput below 95% of the offered rate, and the fitted growth
+  over that half is at least MIN_GROWTH requests (a handful of requests decides nothing).
+
+A closed loop (a fixed number of users) can never saturate by this rule: N(t) is bounded
+by the number of users. That is the point of the rule, not a gap in it: a closed loop
+hides queueing instead of growing a queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+GROWTH_FRACTION = 0.05
+"""Backlog growth, as a fraction of the offered rate, above which a run is saturated."""
+
+MIN_GROWTH = 10
+"""Fewest requests the backlog must grow by over the second half to count."""
+
+GRID_POINTS = 200
+"""Samples of N(t) the line is fitted to."""
+
+RULE = (f"saturated when the number of requests in the system grows, over the second half "
+        f"of the arrival window, faster than {GROWTH_FRACTION:.0%} of the offered rate "
+        f"(least-squares slope) and by at least {MIN_GROWTH} requests")
+
+
+def _not_measured(reason: str) -> dict[str, Any]:
+    return {"saturated": False, "latency_steady_state": True,
+            "saturation": {"rule": RULE, "measured": False, "reason": reason}}
+
+
+def saturation_summary(requests: pd.DataFrame) -> dict[str, Any]:
+    """The summary.json keys ``saturated``, ``latency_steady_state`` and ``saturation``
+    (the rule, the fitted growth and the numbers it was compared with) of a run's request
+    rows (columns arrival_time, finish_time)."""
+    arr = requests["arrival_time"].to_numpy(dtype=np.float64)
+    if arr.size < 2:
+        return _not_measured("fewer than two requests")
+    t0, t1 = float(arr.min()), float(arr.max())
+    if not t1 > t0:
+        return _not_measured("every request arrived at the same instant")
+    fin = requests["finish_time"].to_numpy(dtype=np.float64)
+    dep = np.sort(np.where(np.isfinite(fin), fin, arr))
+    arr = np.sort(arr)
+    mid = 0.5 * (t0 + t1)
+    grid = np.linspace(mid, t1, GRID_POINTS)
+    in_system = (np.searchsorted(arr, grid, side="right")
+                 - np.searchsorted(dep, grid, side="right")).astype(np.float64)
+    slope = float(np.polyfit(grid, in_system, 1)[0])
+    offered = (arr.size - 1) / (t1 - t0)
+    growth = slope * (t1 - mid)
+    arrived = int(np.searchsorted(arr, t1, "right") - np.searchsorted(arr, mid, "right"))
+    served = int(np.searchsorted(dep, t1, "right") - np.searchsorted(dep, mid, "right"))
+    saturated = bool(slope > GROWTH_FRACTION * offered and growth >= MIN_GROWTH)
+    return {
+        "saturated": saturated,
+        "latency_steady_state": not saturated,
+        "saturation": {
+            "rule": RULE,
+            "measured": True,
+            "window_s": [mid, t1],
+            "queue_growth_per_s": slope,
+            "offered_rate_per_s": offered,
+            "threshold_per_s": GROWTH_FRACTION * offered,
+            "growth_over_window": growth,
+            "served_fraction": served / arrived if arrived else None,
+        },
+    }

@@ -1,0 +1,235 @@
+"""``servesim sweep``: what-if grids over engine knobs and load.
+
+Owns the grid (comma-separated values per axis, the cartesian product of the axes given,
+times the seeds), the per-cell run (one RunConfig -> one row of knobs and summary metrics),
+and sweep.csv. Every cell replays the same seeded workload (common random numbers): for one
+seed, every cell sees the same request lengths and the same arrival draws (a different rate
+only rescales the gaps), so differences between cells are the knobs', not the dice's.
+Cells run in worker processes (sim/backends.py); rows come back in grid order, so reruns
+with the same seeds write byte-identical sweep.csv files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.backends import map_ordered
+from sim.engine import SchedulerStuck
+from sim.metrics import meets_slos
+from sim.runner import RunConfig, prepare, simulate_prepared
+
+#: Axis name (a RunConfig field) -> parser of one value. Grid order follows this order.
+AXES: dict[str, Callable[[str], Any]] = {
+    "policy": str,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "gpu_memory_utilization": float,
+    "long_prefill_token_threshold": int,
+    "tensor_parallel_size": int,
+    "replicas": int,
+    "burstiness": float,
+    "rate": float,
+    "concurrency": int,
+}
+LOAD_AXES = ("rate", "concurrency")
+
+METRICS = (
+    "offered_rate", "num_requests", "num_finished", "num_rejected", "num_gpus",
+    "throughput_rps", "output_tokens_per_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
+    "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s", "itl_p99_s", "e2e_mean_s",
+    "e2e_p50_s", "e2e_p99_s", "queued_mean_s", "queued_p99_s", "goodput_rps",
+    "slo_attainment", "num_preemptions", "kv_peak_usage", "kv_mean_usage",
+    "mean_batch_seqs", "saturated",
+)
+"""sweep.csv's metric columns, after cell, seed and the axes (seconds, requests/s)."""
+
+
+def parse_values(name: str, text: str,
+                 parser: Callable[[str], Any] | None = None) -> tuple[Any, ...]:
+    """``"16,32,64"`` -> ``(16, 32, 64)`` typed for axis ``name`` (or by ``parser``);
+    ValueError naming the axis for an empty list, a bad value or a repeated one."""
+    parser = parser or AXES[name]
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts) or "" in parts:
+        raise ValueError(f"{name}: expected comma-separated values, got {text!r}")
+    try:
+        values = tuple(parser(p) for p in parts)
+    except ValueError as e:
+        raise ValueError(f"{name}: {text!r} is not a list of {parser.__name__} ({e})") from e
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name}: repeated value in {text!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The axes given (in AXES order) and the seeds; cells = product of the axes."""
+
+    axes: dict[str, tuple[Any, ...]]
+    seeds: tuple[int, ...] = (0,)
+
+    @classmethod
+    def parse(cls, values: dict[str, str | None], seeds: str = "0") -> Grid:
+        """From the CLI's strings (None = axis not swept). ValueError on bad input, or
+        when both load axes (rate and concurrency) are given."""
+        unknown = set(values) - set(AXES)
+        if unknown:
+            raise ValueError(f"unknown sweep axis: {', '.join(sorted(unknown))}")
+        axes = {n: parse_values(n, values[n]) for n in AXES if values.get(n) is not None}
+        if all(a in axes for a in LOAD_AXES):
+            raise ValueError("sweep rate (open loop) or concurrency (closed loop), not both")
+        seed_values = parse_values("seeds", seeds, int)
+        if any(s < 0 for s in seed_values):
+            raise ValueError(f"seeds must be integers >= 0, got {seeds!r}")
+        return cls(axes, seed_values)
+
+    @property
+    def load_axis(self) -> str | None:
+        return next((a for a in LOAD_AXES if a in self.axes), None)
+
+    def cells(self) -> list[dict[str, Any]]:
+        names = list(self.axes)
+        return [dict(zip(names, combo, strict=True))
+                for combo in itertools.product(*(self.axes[n] for n in names))]
+
+
+@dataclass(frozen=True)
+class CellTask:
+    """One simulation: a cell of the grid under one seed."""
+
+    cell: int
+    seed: int
+    knobs: dict[str, Any]
+    config: RunConfig
+
+
+def cell_tasks(base: RunConfig, grid: Grid) -> list[CellTask]:
+    """Every (cell, seed) in grid order, seeds innermost. A rate axis over a trace re-times
+    it by Poisson arrivals unless the base names another process."""
+    if "rate" in grid.axes and base.trace is not None and base.arrival is None:
+        base = dataclasses.replace(base, arrival="poisson")
+    if "concurrency" in grid.axes:
+        base = dataclasses.replace(base, rate=None)
+    return [CellTask(i, s, knobs, dataclasses.replace(base, seed=s, **knobs))
+            for i, knobs in enumerate(grid.cells()) for s in grid.seeds]
+
+
+def metrics_row(summary: dict[str, Any], requests: pd.DataFrame, cfg: RunConfig,
+                offered_rate: float | None) -> dict[str, Any]:
+    """The METRICS of one run."""
+    thr = summary["throughput"]
+    row: dict[str, Any] = {
+        "offered_rate": offered_rate,
+        "num_requests": summary["num_requests"], "num_finished": summary["num_finished"],
+        "num_rejected": summary["num_rejected"],
+        "num_gpus": cfg.replicas * cfg.tensor_parallel_size,
+        "throughput_rps": thr["requests_per_s"], "output_tokens_per_s": thr["output_tokens_per_s"],
+    }
+    for key, name in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_latency_s", "e2e"),
+                      ("queued_time_s", "queued"), ("itl_s", "itl")):
+        st = summary[key]
+        for stat in ("mean", "p50", "p90", "p99"):
+            col = f"{name}_{stat}_s"
+            if col in METRICS:
+                row[col] = st[stat]
+    row["goodput_rps"] = summary["goodput_requests_per_s"]
+    row["slo_attainment"] = slo_attainment(requests, cfg.slo_ttft, cfg.slo_tpot)
+    row["num_preemptions"] = summary["num_preemptions"]
+    row["kv_peak_usage"] = summary["kv_cache"]["peak_usage"]
+    row["kv_mean_usage"] = summary["kv_cache"]["mean_usage"]
+    row["mean_batch_seqs"] = summary["batch"]["mean_num_seqs"]
+    row["saturated"] = bool(summary["saturated"])
+    return row
+
+
+def slo_attainment(requests: pd.DataFrame, slo_ttft_s: float | None,
+                   slo_tpot_s: float | None) -> float | None:
+    """Fraction of all requests (rejected ones count as misses) meeting every SLO given;
+    None without SLOs."""
+    if slo_ttft_s is None and slo_tpot_s is None:
+        return None
+    if len(requests) == 0:
+        return 0.0
+    ok = meets_slos(requests["ttft_s"].to_numpy(), requests["tpot_s"].to_numpy(),
+                    slo_ttft_s, slo_tpot_s)
+    return float(ok.mean())
+
+
+def offered_rate_of(prep: Any) -> float | None:
+    """Requests/s the workload offers (open loop): (n - 1) / arrival span; None for a
+    closed loop or a single instant."""
+    if prep.config.concurrency is not None:
+        return None
+    t = prep.workload.arrival_time
+    span = float(t[-1] - t[0]) if len(t) else 0.0
+    return (len(t) - 1) / span if span > 0 else None
+
+
+def run_cell(task: CellTask) -> dict[str, Any]:
+    """Simulate one cell (in a worker); its row: cell, seed, knobs, METRICS, error. A
+    config that cannot run (weights that do not fit, a stuck scheduler) gives a row with
+    its error and no metrics rather than stopping the sweep."""
+    head: dict[str, Any] = {"cell": task.cell, "seed": task.seed, **task.knobs}
+    try:
+        prep = prepare(task.config)
+        result = simulate_prepared(prep)
+    except (ValueError, FileNotFoundError, SchedulerStuck) as e:
+        return {**head, **dict.fromkeys(METRICS), "error": str(e)}
+    row = metrics_row(result.summary, result.requests, task.config, offered_rate_of(prep))
+    return {**head, **row, "error": ""}
+
+
+def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
+              backend: str = "local", address: str | None = None,
+              on_done: Callable[[int], None] | None = None) -> pd.DataFrame:
+    """Every cell of ``grid`` on ``base``; one row per (cell, seed), in grid order.
+
+    The first cell is prepared here first, so input errors common to every cell (a
+    missing trace, an unknown model) fail at once with one ValueError or
+    FileNotFoundError instead of once per cell.
+    """
+    tasks = cell_tasks(base, grid)
+    prepare(tasks[0].config)
+    rows = map_ordered(run_cell, tasks, workers=workers, backend=backend, address=address,
+                       on_done=on_done)
+    columns = ["cell", "seed", *grid.axes, *METRICS, "error"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def aggregate(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """Mean of every metric over seeds per cell (saturated: any seed; errors: the first)."""
+    ok = df[df["error"] == ""]
+    if ok.empty:
+        return ok
+    keys = ["cell", *axes]
+    numeric = [m for m in METRICS if m != "saturated"]
+    agg = ok.groupby(keys, sort=False)[numeric].mean(numeric_only=False).reset_index()
+    sat = ok.groupby(keys, sort=False)["saturated"].any().reset_index(drop=True)
+    agg["saturated"] = sat.to_numpy()
+    agg["seeds"] = ok.groupby(keys, sort=False)["seed"].count().to_numpy()
+    return agg
+
+
+def write_sweep(out_dir: Path, df: pd.DataFrame, base: RunConfig, grid: Grid,
+                elapsed_s: float | None = None) -> list[Path]:
+    """sweep.csv (every row), sweep.json (the base config and the grid, to reproduce it)
+    and sweep.html (heatmaps and throughput-latency curves); returns the paths."""
+    from sim.capacity_report import sweep_page
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv, meta, html = out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.html"
+    df.to_csv(csv, index=False)
+    info = {"base": dataclasses.asdict(base), "axes": {k: list(v) for k, v in grid.axes.items()},
+            "seeds": list(grid.seeds), "num_cells": len(grid.cells()), "num_rows": len(df)}
+    meta.write_text(json.dumps(info, indent=2) + "\n")
+    html.write_text(sweep_page(df, grid, base, elapsed_s), encoding="utf-8")
+    return [csv, meta, html]

@@ -1,0 +1,67 @@
+"""``servesim run --compare``: cell syntax, one run directory per cell over the same
+workload, and the side-by-side table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.compare import parse_cells
+
+
+def test_parse_cells() -> None:
+    # A user policy keeps its own colon: modifiers are read from the right.
+    cells = parse_cells("static, chunked:reserve:swap,policies.chunked:ChunkedPolicy:priority")
+    assert [c.policy for c in cells] == ["static", "chunked", "policies.chunked:ChunkedPolicy"]
+    assert cells[1].overrides == {"kv_allocation": "reserve", "preemption_mode": "swap"}
+    assert cells[2].overrides == {"queue": "priority"}
+    assert [c.dir_name for c in cells] == [
+        "static", "chunked-reserve-swap", "policies.chunked-ChunkedPolicy-priority"]
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("chunked,,static", "empty cell"),
+    ("chunked:paged:reserve", "sets kv_allocation twice"),
+    ("reserve", "names no policy"),
+    ("chunked,chunked", "same run directory"),
+    ("fifo", "unknown policy"),
+])
+def test_bad_cells(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_cells(spec)
+
+
+def test_compare_writes_one_run_per_cell(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    res = CliRunner().invoke(app, [
+        "run", "--num-requests", "60", "--step-time", "0.01", "--max-tokens", "512",
+        "--num-gpu-blocks", "400", "--max-num-seqs", "16", "--out", str(out),
+        "--compare", "static,continuous,chunked,chunked:reserve,chunked:swap",
+    ])
+    assert res.exit_code == 0, res.output
+    dirs = ["static", "continuous", "chunked", "chunked-reserve", "chunked-swap"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(dirs)
+    requests = {d: pd.read_csv(out / d / "requests.csv") for d in dirs}
+    for d in dirs:  # the same workload in every cell
+        assert requests[d]["num_prompt_tokens"].equals(requests["static"]["num_prompt_tokens"])
+        assert (requests[d]["status"] == "finished").all()
+    cfg = json.loads((out / "chunked-reserve" / "config.json").read_text())
+    assert (cfg["policy"], cfg["kv_allocation"]) == ("chunked", "reserve")
+    thr = {d: json.loads((out / d / "summary.json").read_text())["throughput"]["requests_per_s"]
+           for d in dirs}
+    assert thr["static"] < thr["continuous"] <= thr["chunked"]
+    assert thr["chunked-reserve"] < thr["chunked"]
+    for d in ("static", "chunked:reserve", "req/s", "reject"):
+        assert d in res.output
+
+
+def test_compare_bad_cell_is_one_line(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["run", "--num-requests", "5", "--compare", "chunked,,x",
+                                   "--out", str(tmp_path / "c")])
+    assert res.exit_code == 1
+    assert "empty cell" in res.output

@@ -1,0 +1,174 @@
+"""Slot diagrams: the teaching grids of static, continuous and chunked exactly, the slot
+rule (lowest free row, kept until released), the cut of a large run, and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from policies.registry import POLICIES
+from sim.batch import BatchPlan
+from sim.cli import app
+from sim.diagram import SlotRecorder, diagram_for_config, label_for, render_text
+from sim.runner import RunConfig, prepare, simulate_prepared
+from tests.conftest import make_requests
+
+runner = CliRunner()
+TEACHING = RunConfig(scenario="teaching", max_num_seqs=4)
+
+STATIC = """\
+static: 4 slots x 14 steps
+step    1       5         10
+slot 1 |A A A A A A A A E E E E . .|
+slot 2 |B B . . . . . . F F F F F F|
+slot 3 |C C C . . . . .            |
+slot 4 |D D D D . . . .            |
+useful 27/56 (48%)
+idle 17/56 (30%)
+empty 12/56 (21%)"""
+
+# The decodes of running requests stall in the prefill-only steps 3 and 5.
+CONTINUOUS = """\
+continuous: 4 slots x 10 steps
+step    1       5         10
+slot 1 |A A . A . A A A A A|
+slot 2 |B B E E . E E      |
+slot 3 |C C . C F F F F F F|
+slot 4 |D D . D . D        |
+useful 27/40 (68%)
+idle 6/40 (15%)
+empty 7/40 (18%)"""
+
+CHUNKED = """\
+chunked: 4 slots x 9 steps
+step    1       5
+slot 1 |A A A A A A A A  |
+slot 2 |B B E E E E      |
+slot 3 |C C C F F F F F F|
+slot 4 |D D D D          |
+useful 27/36 (75%)
+idle 0/36 (0%)
+empty 9/36 (25%)"""
+
+
+def needs(policy: str) -> None:
+    if policy not in POLICIES:
+        pytest.skip(f"policy {policy!r} is not registered in policies/registry.py yet")
+
+
+@pytest.mark.parametrize(("policy", "expected", "counts"), [
+    ("static", STATIC, (27, 17, 56)),
+    ("continuous", CONTINUOUS, (27, 6, 40)),
+    ("chunked", CHUNKED, (27, 0, 36)),
+])
+def test_teaching_grids(policy: str, expected: str, counts: tuple[int, int, int]) -> None:
+    needs(policy)
+    grid = diagram_for_config(dataclasses.replace(TEACHING, policy=policy))
+    assert "\n".join(render_text(grid)) == expected
+    assert (grid.shown.useful, grid.shown.idle, grid.shown.total) == counts
+    assert grid.run == grid.shown
+    assert grid.cut_note() is None
+    assert grid.legend == tuple((label_for(i), str(i)) for i in range(6))
+
+
+def test_idle_letters_show_the_holder() -> None:
+    grid = diagram_for_config(dataclasses.replace(TEACHING, policy="static"))
+    assert render_text(grid, idle_letters=True)[3] == "slot 2 |B B b b b b b b F F F F F F|"
+
+
+def test_slot_rule_lowest_free_row_kept_until_release() -> None:
+    a, b, c = make_requests([5, 5, 5])
+    rec = SlotRecorder(max_num_seqs=3)
+    rec(BatchPlan([(a, 4), (b, 4)], holders=[a, b]), 0.0, 1.0)
+    rec(BatchPlan([(b, 1)], holders=[b]), 1.0, 2.0)  # a released (e.g. preempted)
+    rec(BatchPlan([(b, 1), (c, 4), (a, 4)], holders=[b, c, a]), 2.0, 3.0)
+    rec(BatchPlan([(c, 1)], holders=[b, c, a]), 3.0, 4.0)  # b and a hold idle
+    grid = rec.grid("t")
+    rows = [[None if cell is None else (cell.label, cell.num_tokens) for cell in row]
+            for row in grid.cells]
+    assert rows == [
+        [("A", 4), None, ("C", 4), ("C", 1)],  # c takes row 1, freed by a
+        [("B", 4), ("B", 1), ("B", 1), ("B", 0)],
+        [None, None, ("A", 4), ("A", 0)],  # a comes back to the next free row
+    ]
+    assert (grid.shown.useful, grid.shown.idle, grid.shown.total) == (7, 2, 12)
+
+
+def test_large_run_is_cut_and_whole_run_counts_match_steps_csv() -> None:
+    cfg = RunConfig(num_requests=300, step_time=0.01, max_num_seqs=32, num_gpu_blocks=400,
+                    seed=3)
+    prep = prepare(cfg)
+    rec = SlotRecorder(prep.scheduler.max_num_seqs, max_steps=20, max_slots=8)
+    steps = simulate_prepared(prep, observer=rec).steps
+    grid = rec.grid("chunked")
+    assert (grid.shown_steps, grid.shown_slots) == (20, 8)
+    assert grid.num_steps == len(steps) > 20
+    assert grid.run.useful == steps["slots_useful"].sum()
+    assert grid.run.idle == steps["slots_idle"].sum()
+    assert grid.run.empty == steps["slots_empty"].sum()
+    note = grid.cut_note()
+    assert note is not None
+    assert note.startswith(f"cut: showing steps 1-20 of {len(steps):,} and slots 1-8 of 32; "
+                           "whole run: useful ")
+    lines = render_text(grid)
+    assert len(lines) == 2 + 8 + 3
+    assert lines[-1].startswith(f"empty {grid.shown.empty}/160 ")
+
+
+def test_first_step_moves_the_window() -> None:
+    cfg = dataclasses.replace(TEACHING, policy="static")
+    grid = diagram_for_config(cfg, first_step=9, max_steps=3)
+    # Letters follow admission within the window shown: request 4 is A here.
+    assert render_text(grid)[1:4] == ["step    9 10", "slot 1 |A A A|", "slot 2 |B B B|"]
+    assert grid.legend == (("A", "4"), ("B", "5"))
+    assert grid.cut_note() is not None and "steps 9-11 of 14" in grid.cut_note()
+
+
+def test_cli_teaching_prints_the_three_grids_and_writes_html(tmp_path: Path) -> None:
+    out = tmp_path / "d.html"
+    res = runner.invoke(app, ["diagram", "--scenario", "teaching", "--html", str(out)])
+    assert res.exit_code == 0, res.output
+    fractions = ["useful 27/56", "idle 17/56", "empty 12/56", "useful 27/36", "idle 0/36",
+                 "empty 9/36"]
+    if "continuous" in POLICIES:
+        fractions += ["useful 27/40", "idle 6/40", "empty 7/40"]
+    for f in fractions:
+        assert f in res.output
+    assert "'.' = slot held but idle" in res.output
+    text = out.read_text()
+    assert text.count("<script") == 4  # plotly.js once, then one per figure
+    assert "static: useful 27\\u002f56" in text  # plotly's JSON escapes the slash
+
+
+def test_cli_diagram_of_a_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    res = runner.invoke(app, ["run", "--scenario", "teaching", "--max-num-seqs", "4",
+                              "--policy", "static", "--out", str(run_dir)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["diagram", str(run_dir), "--max-steps", "8"])
+    assert res.exit_code == 0, res.output
+    assert "static: cut: showing steps 1-8 of 14 and slots 1-4 of 4" in res.output
+    assert "useful 17/32" in res.output
+
+
+@pytest.mark.parametrize("args", [
+    ["--scenario", "teaching", "--policies", "nope"],
+    ["no/such/run"],
+    ["--scenario", "teaching", "--max-steps", "0"],
+])
+def test_cli_diagram_bad_input_is_one_line(args: list[str]) -> None:
+    res = runner.invoke(app, ["diagram", *args])
+    assert res.exit_code == 1
+    assert res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
+
+
+def test_cli_teaching_skips_an_unregistered_default_policy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(POLICIES, "continuous", raising=False)
+    res = runner.invoke(app, ["diagram", "--scenario", "teaching"])
+    assert res.exit_code == 0, res.output
+    assert "note: policy continuous skipped: not registered" in res.output
+    assert "useful 27/56" in res.output and "useful 27/36" in res.output

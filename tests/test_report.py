@@ -1,0 +1,160 @@
+"""HTML reports: self-contained (plotly.js inlined once, nothing fetched), bounded in
+size, one comparison table for several runs, and the data reduction that keeps a long run
+small (CDF points, time-bucketed step timeline)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.report import (
+    CDF_POINTS,
+    TIMELINE_POINTS,
+    cdf_points,
+    kaleido_missing,
+    load_run,
+    throughput,
+    timeline,
+    write_report,
+)
+from sim.runner import RunConfig, prepare, simulate_prepared, write_run
+
+runner = CliRunner()
+MAX_BYTES = 10 * 1024 * 1024
+
+
+def make_run(path: Path, policy: str) -> Path:
+    prep = prepare(RunConfig(policy=policy, num_requests=200, step_time=0.01,
+                             max_num_seqs=32, num_gpu_blocks=600))
+    write_run(path, prep, simulate_prepared(prep))
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    base = tmp_path_factory.mktemp("runs")
+    return [make_run(base / "chunked", "chunked"), make_run(base / "static", "static")]
+
+
+def plotly_js_copies(text: str) -> int:
+    from plotly.offline import get_plotlyjs
+
+    return text.count(get_plotlyjs()[:2000])
+
+
+def test_report_is_self_contained(two_runs: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    size = write_report(two_runs[:1], out)
+    text = out.read_text()
+    assert size == out.stat().st_size < MAX_BYTES
+    assert plotly_js_copies(text) == 1
+    assert not re.search(r"<script[^>]*\bsrc=", text)
+    assert not re.search(r"""<link[^>]*href=["']?https?:""", text)
+    assert 'id="summary"' in text and 'id="comparison"' not in text
+    assert [f"figure-{i}" in text for i in (1, 2, 3, 4)] == [True, True, True, False]
+
+
+def test_two_runs_overlaid_with_a_comparison_table(two_runs: list[Path],
+                                                   tmp_path: Path) -> None:
+    out = tmp_path / "cmp.html"
+    res = runner.invoke(app, ["report", *map(str, two_runs), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert plotly_js_copies(text) == 1
+    table = text[text.index('id="comparison"'):]
+    table = table[:table.index("</table>")]
+    assert "<th>chunked</th><th>static</th>" in table
+    assert "TTFT p99 (ms) (lower is better)" in table
+    assert " *</td>" in table  # the better run is starred
+    # the changed setting is highlighted in the configuration table
+    assert '<tr class="diff"><td>policy</td><td>chunked</td><td>static</td></tr>' in text
+    assert out.stat().st_size < MAX_BYTES
+
+
+def test_run_report_flag_writes_report_next_to_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["run", "--scenario", "teaching", "--max-num-seqs", "4",
+                              "--out", str(out), "--report"])
+    assert res.exit_code == 0, res.output
+    assert (out / "report.html").stat().st_size < MAX_BYTES
+    assert f"wrote {out / 'report.html'}" in res.output.replace("\n", "")
+
+
+def test_report_of_a_missing_run_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    for arg in (tmp_path / "nope", tmp_path / "half"):
+        res = runner.invoke(app, ["report", str(arg), "--out", str(tmp_path / "x.html")])
+        assert res.exit_code == 1
+        assert res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
+    with pytest.raises(FileNotFoundError, match=r"summary\.json not found"):
+        load_run(tmp_path / "half")
+
+
+def test_png_without_kaleido_is_one_line(two_runs: list[Path], tmp_path: Path) -> None:
+    if kaleido_missing() is None:
+        pytest.skip("kaleido is installed here")
+    res = runner.invoke(app, ["report", str(two_runs[0]), "--out", str(tmp_path / "r.html"),
+                              "--png", str(tmp_path / "r.png")])
+    assert res.exit_code == 1
+    assert res.output == ("error: PNG export needs kaleido, which is not installed "
+                          "(pip install kaleido)\n")
+    assert not (tmp_path / "r.html").exists()  # checked before any work
+    res = runner.invoke(app, ["diagram", "--scenario", "teaching", "--png", "d.png"])
+    assert res.exit_code == 1 and res.output.startswith("error: PNG export needs kaleido")
+
+
+def test_cdf_points_are_exact_ranks_and_bounded() -> None:
+    v = np.random.default_rng(0).exponential(size=50_000)
+    x, y = cdf_points(np.append(v, np.nan))
+    assert len(x) <= CDF_POINTS
+    assert x[0] == v.min() and x[-1] == v.max() and y[-1] == 1.0
+    assert np.all(np.diff(x) >= 0) and np.all(np.diff(y) > 0)
+    xs, ys = cdf_points(np.array([3.0, 1.0, 2.0]))
+    assert xs.tolist() == [1.0, 2.0, 3.0] and ys.tolist() == pytest.approx([1 / 3, 2 / 3, 1])
+
+
+def synthetic_steps(n: int) -> pd.DataFrame:
+    d = np.full(n, 0.01)
+    d[::2] = 0.03  # even steps last 3x longer
+    seqs = np.where(np.arange(n) % 2 == 0, 10, 2)
+    return pd.DataFrame({
+        "start_time": np.concatenate([[0.0], np.cumsum(d)[:-1]]), "duration_s": d,
+        "num_seqs": seqs, "num_prefill_tokens": seqs * 100, "num_decode_tokens": seqs,
+        "kv_blocks_used": seqs * 10, "num_waiting": np.zeros(n, dtype=int),
+        "slots_useful": seqs, "slots_idle": 0, "slots_empty": 0,
+        "num_preempted": (np.arange(n) % 100 == 0).astype(int),
+    })
+
+
+def test_timeline_buckets_long_runs_by_time() -> None:
+    steps = synthetic_steps(100_000)
+    tl = timeline(steps, num_usable_blocks=1000)
+    assert len(tl) == TIMELINE_POINTS
+    # 50 step pairs a bucket: duration-weighted batch size (10*3 + 2*1)/4, per-step mean
+    # of decode tokens (10 + 2)/2, preemptions summed.
+    assert tl["num_seqs"].to_numpy() == pytest.approx(8.0)
+    assert tl["num_decode_tokens"].to_numpy() == pytest.approx(6.0)
+    assert tl["kv_usage"].to_numpy() == pytest.approx(0.08)
+    assert tl["num_preempted"].sum() == steps["num_preempted"].sum()
+    short = timeline(steps.head(50), num_usable_blocks=1000)
+    assert len(short) == 50 and short["time"].tolist() == steps["start_time"][:50].tolist()
+
+
+def test_throughput_counts_every_token() -> None:
+    steps = synthetic_steps(1000)
+    reqs = pd.DataFrame({"first_token_time": [0.5, 1.0], "finish_time": [1.0, 2.0],
+                         "status": ["finished", "finished"]})
+    th = throughput(steps, reqs, num_buckets=50)
+    width = th["time"].iloc[1] - th["time"].iloc[0]
+    total = (steps["num_prefill_tokens"] + steps["num_decode_tokens"]).sum()
+    assert th["total_tokens_per_s"].sum() * width == pytest.approx(total)
+    assert th["output_tokens_per_s"].sum() * width == pytest.approx(
+        steps["num_decode_tokens"].sum() + 2)
+    assert th["requests_per_s"].sum() * width == pytest.approx(2)
