@@ -17,7 +17,7 @@ from collections import deque
 from typing import ClassVar, Protocol, runtime_checkable
 
 from policies.queues import make_queue
-from sim.batch import BatchPlan
+from sim.batch import BatchPlan, BatchShape, SteadyDecode
 from sim.config import SchedulerConfig
 from sim.kv_cache import KVCacheManager
 from sim.request import Request, RequestStatus
@@ -112,6 +112,9 @@ class QueuePolicy:
         allocated) when the free pool is too small. In reserve mode the first call holds
         ceil((prompt + max_tokens) / block_size) blocks until the request finishes, as
         Orca and FasterTransformer reserve the maximum length."""
+        total = req.num_computed_tokens + num_new_tokens
+        if total <= len(req.block_ids) * self.kv.block_size:
+            return True  # the held blocks suffice (most decode steps): the hot path
         return self.kv.allocate_up_to(req, self.target_tokens(req, num_new_tokens)) is not None
 
     # -- preemption --
@@ -178,6 +181,26 @@ class QueuePolicy:
             scheduled[req] = n
             budget -= n
         return budget
+
+    def iteration_steady_decode(self) -> SteadyDecode | None:
+        """The steady-decode promise of an iteration-level policy (chunked, continuous):
+        nothing swapped, every running request one token from sampling, the token budget
+        covering them all, and no waiting request admissible while they decode (none
+        waiting, or every slot taken). Policies opt in by exposing it as
+        ``steady_decode``; a subclass with other rules must not inherit it blindly."""
+        running = self.running
+        n = len(running)
+        cfg = self.config
+        if (not n or self.swapped or n > cfg.max_num_batched_tokens
+                or (len(self.waiting) and n < cfg.max_num_seqs)):
+            return None
+        ctx = 0
+        for r in running:
+            c = r.num_computed_tokens
+            if r.num_output_tokens == 0 or r.num_prompt_tokens + r.num_output_tokens - c != 1:
+                return None
+            ctx += c + 1
+        return SteadyDecode(running, running, BatchShape(0, 0, 0, 0, n, ctx, n), n)
 
     def admit(self, req: Request) -> None:
         """Move the head of waiting into running."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import QueuePolicy
-from sim.batch import BatchPlan
+from sim.batch import BatchPlan, SteadyDecode
 from sim.request import Request
 
 
@@ -31,6 +31,10 @@ class ChunkedPolicy(QueuePolicy):
     """vLLM V1 chunked-prefill scheduling; see the module docstring for the rules."""
 
     name: ClassVar[str] = "chunked"
+
+    def steady_decode(self) -> SteadyDecode | None:
+        """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""
+        return self.iteration_steady_decode()
 
     def schedule(self, now: float) -> BatchPlan:
         cfg = self.config

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import QueuePolicy
-from sim.batch import BatchPlan
+from sim.batch import BatchPlan, SteadyDecode
 from sim.request import Request
 
 #: Fraction of num_gpu_blocks kept free at admission (vLLM V0 CacheConfig default).
@@ -48,6 +48,10 @@ class ContinuousPolicy(QueuePolicy):
             return (f"num_prompt_tokens ({req.num_prompt_tokens}) > max_num_batched_tokens "
                     f"({budget}): continuous batching never chunks a prompt")
         return super().rejection_reason(req)
+
+    def steady_decode(self) -> SteadyDecode | None:
+        """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""
+        return self.iteration_steady_decode()
 
     def schedule(self, now: float) -> BatchPlan:
         scheduled: dict[Request, int] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import QueuePolicy
-from sim.batch import BatchPlan, BatchShape
+from sim.batch import BatchPlan, BatchShape, SteadyDecode
 from sim.request import Request, RequestStatus
 
 
@@ -41,6 +41,22 @@ class StaticPolicy(QueuePolicy):
         shape = BatchShape(num_decode_seqs=b, num_sampled_seqs=b,
                            decode_context_tokens=b * (self._max_prompt + self._num_decodes))
         return BatchPlan(live, [], self.running, shape)
+
+    def steady_decode(self) -> SteadyDecode | None:
+        """Between a batch's prefill and its first finish every step decodes the same
+        live members and charges the whole batch (sim/fastpath.py)."""
+        if not self.running:
+            return None
+        live = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        if not live or any(r.num_output_tokens == 0 or r.num_new_tokens != 1 for r in live):
+            return None
+        b = len(self.running)
+        ctx = b * (self._max_prompt + self._num_decodes + 1)
+        return SteadyDecode(live, self.running, BatchShape(0, 0, 0, 0, b, ctx, b), b)
+
+    def advance(self, num_steps: int) -> None:
+        """Account for ``num_steps`` decode steps advanced by the engine's fast path."""
+        self._num_decodes += num_steps
 
     def _start_batch(self) -> BatchPlan:
         kv, cap = self.kv, self.kv.num_usable_blocks * self.kv.block_size

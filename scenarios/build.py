@@ -34,8 +34,20 @@ def _mean_rate(workload: Workload) -> float:
 
 def _from_trace(trace: Path, trace_format: str | None, arrival: str | None, rate: float | None,
                 burstiness: float | None, num_requests: int | None, window_s: float | None,
-                rng: np.random.Generator) -> Workload:
-    workload = load_trace(trace, trace_format).cut(num_requests, window_s)
+                rng: np.random.Generator,
+                sample_rng: np.random.Generator | None = None) -> Workload:
+    if sample_rng is None:
+        workload = load_trace(trace, trace_format).cut(num_requests, window_s)
+    else:
+        if num_requests is None:
+            raise ValueError("trace_sample needs num_requests (how many to draw)")
+        full = load_trace(trace, trace_format).cut(None, window_s)
+        # Re-timed requests are also shuffled: a trace's lengths drift over its day, and a
+        # steady-rate probe should see a steady mix.
+        workload = dataclasses.replace(
+            full.sampled(num_requests, sample_rng, shuffle=arrival is not None
+                         or burstiness is not None),
+            source=f"{full.source}, {min(num_requests, len(full))} drawn at random")
     if arrival is None and burstiness is not None:
         arrival = "gamma"
     if arrival is None:
@@ -85,6 +97,7 @@ def build_workload(
     time_scale: float | None,
     max_tokens: int | None,
     seed: int,
+    trace_sample: bool = False,
 ) -> Workload:
     """The workload a run simulates, deterministic for ``seed``.
 
@@ -92,7 +105,10 @@ def build_workload(
       first (the first N requests / those within window_s of the first arrival). With
       ``arrival`` (poisson | gamma | constant | bursts) the cut requests keep their lengths
       in order and get new arrival times from that process at ``rate`` req/s (default: the
-      trace's own mean rate). ``burstiness`` alone implies ``arrival="gamma"``.
+      trace's own mean rate). ``burstiness`` alone implies ``arrival="gamma"``. With
+      ``trace_sample`` the ``num_requests`` are drawn at random (without replacement, in
+      trace order) from the whole trace instead of taken from its start, by the seed's
+      length generator, so every rate or process sees the same sample.
     - no trace: the named ``scenario`` (default "default") generates ``num_requests``
       requests; ``arrival``, ``rate``, ``burstiness`` override the scenario's (burstiness
       alone switches the process to gamma); ``window_s`` then cuts.
@@ -116,10 +132,13 @@ def build_workload(
         if scenario is not None:
             raise ValueError("give either trace or scenario, not both")
         workload = _from_trace(Path(trace), trace_format, arrival, rate, burstiness,
-                               num_requests, window_s, arrival_rng)
+                               num_requests, window_s, arrival_rng,
+                               length_rng if trace_sample else None)
     else:
         if trace_format is not None:
             raise ValueError("trace_format applies only with a trace")
+        if trace_sample:
+            raise ValueError("trace_sample applies only with a trace")
         spec = get_scenario("default" if scenario is None else scenario)
         workload = _from_scenario(spec, arrival, rate, burstiness, num_requests, window_s,
                                   arrival_rng, length_rng)

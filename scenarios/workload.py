@@ -192,6 +192,26 @@ class Workload:
         fields.update(changes)
         return Workload(**fields)  # type: ignore[arg-type]
 
+    def sampled(self, num_requests: int, rng: np.random.Generator,
+                shuffle: bool = False) -> Workload:
+        """``num_requests`` rows drawn at random without replacement (every row when
+        ``num_requests >= len(self)``), kept in their original order with their own
+        arrival times; or, with ``shuffle``, in random order (a stationary mix, for
+        re-timing: the rows then carry the sorted arrival times of the rows drawn).
+
+        Raises:
+            ValueError: ``num_requests`` < 1.
+        """
+        if int(num_requests) != num_requests or num_requests < 1:
+            raise ValueError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+        n = min(int(num_requests), len(self))
+        if not shuffle:
+            if n == len(self):
+                return self
+            return self._replace(np.sort(rng.choice(len(self), size=n, replace=False)))
+        rows = rng.permutation(len(self))[:n]
+        return self._replace(rows, arrival_time=np.sort(self.arrival_time[rows]))
+
     def with_max_tokens(self, cap: int | None) -> Workload:
         """Every request's ``max_tokens`` set to ``cap`` (tokens, >= 1); None = unchanged.
 

@@ -94,3 +94,18 @@ def shape_of(scheduled: list[tuple[Request, int]]) -> BatchShape:
             if c + n >= req.num_prompt_tokens + req.num_output_tokens:
                 sampled += 1
     return BatchShape(p_tok, p_seqs, p_ctx, p_pairs, d_seqs, d_ctx, sampled)
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyDecode:
+    """A policy's promise about the steps ahead (its optional ``steady_decode()`` hook):
+    until a request finishes, a request arrives, or a block allocation would not fit,
+    every step schedules exactly one token for each of ``requests`` (in that order) and
+    nothing else, with ``holders`` holding the slots, and is priced as the decode-only
+    ``shape`` whose ``decode_context_tokens`` grows by ``context_growth`` per step.
+    The engine may then advance many such steps at once (sim/fastpath.py)."""
+
+    requests: Sequence[Request]
+    holders: Sequence[Request]
+    shape: BatchShape
+    context_growth: int

@@ -67,11 +67,14 @@ def latency_curves(agg: pd.DataFrame, load_axis: str | None, groups: list[str],
     """Throughput-latency curves: p99 TTFT and p99 TPOT (ms) against throughput (req/s),
     one line per combination of ``groups`` along the load axis; saturated points as x."""
     import plotly.graph_objects as go
+    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("p99 TTFT (ms)", "p99 TPOT (ms)"))
     grouped = agg.groupby(groups, sort=False) if groups else [((), agg)]
-    for key, sub in grouped:
+    palette = qualitative.Plotly
+    for i, (key, sub) in enumerate(grouped):
+        color = palette[i % len(palette)]
         key = key if isinstance(key, tuple) else (key,)
         if load_axis is not None:
             sub = sub.sort_values(load_axis)
@@ -84,8 +87,8 @@ def latency_curves(agg: pd.DataFrame, load_axis: str | None, groups: list[str],
         for col, metric in ((1, "ttft_p99_s"), (2, "tpot_p99_s")):
             fig.add_trace(go.Scatter(
                 x=sub["throughput_rps"], y=sub[metric] * 1e3, mode="lines+markers", name=name,
-                legendgroup=name, showlegend=col == 1, text=hover,
-                marker={"symbol": symbols, "size": 9}), row=1, col=col)
+                legendgroup=name, showlegend=col == 1, text=hover, line={"color": color},
+                marker={"symbol": symbols, "size": 9, "color": color}), row=1, col=col)
     for col, slo in ((1, slo_ttft_s), (2, slo_tpot_s)):
         if slo is not None:
             fig.add_hline(y=slo * 1e3, line_dash="dash", line_color="red", row=1, col=col)

@@ -183,11 +183,17 @@ def run(
              "ends (instead of open-loop arrivals).")] = None,
     think_time: Annotated[float, typer.Option(
         help="Closed loop: seconds a user waits before sending its next request.")] = 0.0,
+    trace_sample: Annotated[bool, typer.Option(
+        help="Draw --num-requests at random from the whole trace (seeded) instead of "
+             "taking the first ones; shuffled when re-timed.")] = False,
     compare: Annotated[str | None, typer.Option(
         help="Run the same workload through several cells, POLICY[:MODIFIER]... separated "
              "by commas (e.g. static,continuous,chunked or chunked:paged,chunked:reserve); "
              "one run directory per cell under --out.")] = None,
     out: Annotated[Path, typer.Option(help="Run directory to write.")] = Path("runs/latest"),
+    full_steps: Annotated[bool, typer.Option(
+        "--full-steps", help="One steps.csv row per step (default: identical consecutive "
+        "steps share a row, with num_steps).")] = False,
     report: Annotated[bool, typer.Option(
         "--report", help="Also write report.html (see `servesim report`) into --out.")] = False,
 ) -> None:
@@ -211,7 +217,7 @@ def run(
             preemption_mode=preemption_mode, kv_allocation=kv_allocation,
             swap_space=swap_space, pcie_bandwidth=pcie_bandwidth,
             tensor_parallel_size=tensor_parallel_size, replicas=replicas, router=router,
-            concurrency=concurrency, think_time=think_time,
+            concurrency=concurrency, think_time=think_time, trace_sample=trace_sample,
         )
         prep = prepare(cfg)
     except INPUT_ERRORS as e:
@@ -230,7 +236,7 @@ def run(
         return
     try:
         result = _run_with_progress(prep)
-        write_run(out, prep, result)
+        write_run(out, prep, result, full_steps=full_steps)
     except SchedulerStuck as e:
         fail(str(e))
     except INPUT_ERRORS as e:
@@ -379,6 +385,10 @@ def list_known() -> None:
     console.print(g)
     console.print("policies: " + ", ".join(POLICIES) + " (or module:Class)")
     console.print("scenarios: " + ", ".join(list_scenarios()))
+
+
+# `sweep` and `plan` register themselves on `app` (sim/cli_capacity.py).
+import sim.cli_capacity  # noqa: E402, F401
 
 
 def main() -> None:

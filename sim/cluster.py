@@ -39,7 +39,7 @@ from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook, Scheduler
 from sim.kv_cache import KVCacheManager
-from sim.metrics import Recorder, summarize
+from sim.metrics import ItlSamples, Recorder, summarize
 from sim.request import Request
 from sim.simulate import SimResult
 from sim.source import ArrivalSource, ClosedLoopArrivals
@@ -228,8 +228,7 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     for rep in reps:
         req = rep.recorder.requests_frame()
         steps = rep.recorder.steps_frame()
-        itl = (np.frombuffer(rep.recorder.itl, dtype=np.float64).copy()
-               if len(rep.recorder.itl) else np.zeros(0))
+        itl = rep.recorder.itl_samples()
         per_replica.append({"replica": rep.index, "num_routed": len(rep.routed),
                             **summarize(req, steps, itl, **kw)})
         req_frames.append(req.assign(replica=rep.index))
@@ -241,7 +240,7 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     requests = pd.concat(req_frames, ignore_index=True).iloc[order].reset_index(drop=True)
     steps = (pd.concat(step_frames, ignore_index=True)
              .sort_values(["start_time", "replica"], kind="stable").reset_index(drop=True))
-    itl_all = np.concatenate(itls) if itls else np.zeros(0)
+    itl_all = ItlSamples.concat(itls)
     summary = summarize(requests, steps, itl_all, **kw)
     summary["replicas"] = per_replica
     return SimResult(requests, steps, itl_all, summary)

@@ -17,14 +17,16 @@ Without them the engine behaves, and costs, exactly as before.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
 import simpy
 
-from sim.batch import BatchPlan, shape_of
+from sim.batch import BatchPlan, SteadyDecode, shape_of
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
+from sim.fastpath import MAX_RUN_STEPS, remaining_steps, safe_steps, step_times
 from sim.kv_cache import KVCacheManager
 from sim.metrics import Recorder
 from sim.request import Request, RequestStatus
@@ -83,6 +85,7 @@ class Engine:
         kv: KVCacheManager, config: SchedulerConfig, arrivals: ArrivalSource,
         recorder: Recorder, observer: StepObserver | None = None,
         on_release: ReleaseHook | None = None, wake: WakeHook | None = None,
+        fast_path: bool = True,
     ) -> None:
         self.env = env
         self.policy = policy
@@ -95,6 +98,10 @@ class Engine:
         self.on_release = on_release
         self.wake = wake
         self._num_sampled = 0  # output tokens produced so far (the livelock watchdog's clock)
+        # The policy's optional steady-decode promise (sim/fastpath.py). Off where every
+        # step must be seen one by one (an observer) or arrivals are pushed (wake hook).
+        steady = getattr(policy, "steady_decode", None)
+        self._steady = steady if fast_path and observer is None and wake is None else None
 
     def start(self) -> simpy.Process:
         return self.env.process(self.process())
@@ -142,6 +149,14 @@ class Engine:
             now = env.now
             for req in arrivals.pop_arrived(now):
                 self._admit(req)
+            if self._steady is not None:
+                run = self._steady()
+                ahead = self._plan_run(run, now) if run is not None else None
+                if ahead is not None:
+                    yield env.timeout(ahead[0][-1] - now)
+                    self._apply_run(run, *ahead)  # type: ignore[arg-type]
+                    idle_schedules = stall_steps = 0
+                    continue
             plan = policy.schedule(now)
             if not plan.scheduled:
                 nxt = arrivals.next_arrival_time()
@@ -196,6 +211,7 @@ class Engine:
         done: list[Request] = []
         itl = self.recorder.itl
         max_len = self.config.max_model_len
+        regular = 0  # tokens whose previous token came at the end of the previous step
         for req, n in plan.scheduled:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
@@ -210,6 +226,8 @@ class Engine:
             self._num_sampled += 1
             if o == 1:
                 req.first_token_time = now
+            elif req.last_token_time == start:
+                regular += 1
             else:
                 itl.append(now - req.last_token_time)  # type: ignore[operator]
             req.last_token_time = now
@@ -221,7 +239,69 @@ class Engine:
                 continue
             req.status = RequestStatus.FINISHED
             done.append(req)
+        if regular:
+            self.recorder.itl_step_s.append(now - start)
+            self.recorder.itl_step_count.append(regular)
         return done
+
+    # -- the fast path: a run of steady decode steps at once (sim/fastpath.py) --
+    def _plan_run(
+        self, run: SteadyDecode, now: float
+    ) -> tuple[list[float], list[float], list[int]] | None:
+        """Step boundaries, step times and per-step new blocks of the longest safe run, or None when
+        fewer than two steps are safe (the step-by-step path is as cheap then)."""
+        reqs = run.requests
+        if not reqs:
+            return None
+        k = min(remaining_steps(reqs, self.config.max_model_len), MAX_RUN_STEPS)
+        if k < 2:
+            return None
+        k, new_blocks = safe_steps(reqs, self.kv.block_size, self.kv.num_free_blocks, k)
+        if k < 2:
+            return None
+        times, dts = step_times(run, self.cost_model, now, k,
+                                self.arrivals.next_arrival_time())
+        if len(times) < 3:
+            return None
+        return times, dts, new_blocks
+
+    def _apply_run(self, run: SteadyDecode, times: list[float], dts: list[float],
+                   new_blocks: list[int]) -> None:
+        """What len(times) - 1 step-by-step updates would have done, at once."""
+        k = len(times) - 1
+        reqs, kv, rec = run.requests, self.kv, self.recorder
+        start, end, bs = times[0], times[k], kv.block_size
+        regular0 = 0
+        for r in reqs:
+            if r.last_token_time == start:
+                regular0 += 1
+            else:
+                rec.itl.append(times[1] - r.last_token_time)  # type: ignore[operator]
+            c = r.num_computed_tokens + k
+            r.num_computed_tokens = c
+            r.num_output_tokens += k
+            r.last_token_time = end
+            if len(r.block_ids) * bs < c and kv.allocate_up_to(r, c) is None:
+                raise AssertionError("fast path: blocks checked by safe_steps did not fit")
+        n = len(reqs)
+        self._num_sampled += n * k
+        advance = getattr(self.policy, "advance", None)
+        if advance is not None:
+            advance(k)
+        blocks = kv.num_used_blocks - sum(new_blocks[:k])
+        used = []
+        for j in range(k):
+            blocks += new_blocks[j]
+            used.append(blocks)
+        held = len(run.holders)
+        rec.record_decode_run(times, dts, n, used, self.policy.num_waiting, held - n,
+                              self.config.max_num_seqs - held)
+        if regular0:
+            rec.itl_step_s.append(times[1] - start)
+            rec.itl_step_count.append(regular0)
+        if k > 1:
+            rec.itl_step_s.extend([times[j + 1] - times[j] for j in range(1, k)])
+            rec.itl_step_count.extend(array("q", [n]) * (k - 1))
 
     def _stall_limit(self) -> int:
         """Steps without a sampled token before a livelock is declared: a legal schedule

@@ -101,17 +101,16 @@ class KVCacheManager:
     def free(self, request: Request) -> int:
         """Release every block of ``request`` (tail first, as vLLM frees); returns how
         many blocks went back to the free list."""
-        blocks = request.block_ids
         ref = self._ref_cnt
-        freed = 0
-        for b in reversed(blocks):
-            ref[b] -= 1
-            assert ref[b] >= 0, f"block {b} double-freed"
-            if ref[b] == 0:
-                self._free.append(b)
-                freed += 1
+        free = self._free
+        before = len(free)
+        for b in reversed(request.block_ids):
+            left = ref[b] - 1
+            ref[b] = left
+            if not left:
+                free.append(b)
         request.block_ids = []
-        return freed
+        return len(free) - before
 
     def check_invariants(self) -> None:
         """Assert the pool is consistent (for tests): free blocks have ref 0, no

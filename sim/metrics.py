@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,12 @@ class Recorder:
     def __init__(self) -> None:
         self._req_rows: list[tuple[Any, ...]] = []
         self._req_index: array[int] = array("q")
+        # ITL samples: irregular gaps one by one (a request that skipped steps: a
+        # preemption stall, a decode left out by the token budget) and, for every step,
+        # its duration with the number of tokens whose gap was exactly that step.
         self.itl = array("d")
+        self.itl_step_s = array("d")
+        self.itl_step_count = array("q")
         self._f = {c: array("d") for c in ("start_time", "duration_s")}
         self._i = {c: array("q") for c in STEP_COLUMNS[2:]}
 
@@ -73,6 +79,33 @@ class Recorder:
             slots_useful, slots_idle, slots_empty, num_preempted,
         ), strict=False):
             i[name].append(v)
+
+    def itl_samples(self) -> ItlSamples:
+        """Every ITL sample so far, as (values_s, counts)."""
+        v = np.concatenate([np.frombuffer(self.itl_step_s, dtype=np.float64),
+                            np.frombuffer(self.itl, dtype=np.float64)]) \
+            if len(self.itl) + len(self.itl_step_s) else np.zeros(0)
+        c = np.concatenate([np.frombuffer(self.itl_step_count, dtype=np.int64),
+                            np.ones(len(self.itl), dtype=np.int64)]) \
+            if len(v) else np.zeros(0, dtype=np.int64)
+        return ItlSamples(v.copy(), c.copy())
+
+    def record_decode_run(
+        self, times: list[float], dts: list[float], num_seqs: int, kv_blocks_used: list[int],
+        num_waiting: int, slots_idle: int, slots_empty: int,
+    ) -> None:
+        """Rows for a run of decode-only steps (the fast path): step j starts at times[j],
+        lasts dts[j] and holds kv_blocks_used[j] blocks; the rest is constant."""
+        k = len(dts)
+        f, i = self._f, self._i
+        f["start_time"].extend(times[:k])
+        f["duration_s"].extend(dts)
+        i["kv_blocks_used"].extend(kv_blocks_used)
+        for name, v in (("num_seqs", num_seqs), ("num_prefill_tokens", 0),
+                        ("num_decode_tokens", num_seqs), ("num_waiting", num_waiting),
+                        ("slots_useful", num_seqs), ("slots_idle", slots_idle),
+                        ("slots_empty", slots_empty), ("num_preempted", 0)):
+            i[name].extend(array("q", [v]) * k)
 
     @property
     def num_requests(self) -> int:
@@ -114,6 +147,93 @@ class Recorder:
         return pd.DataFrame(data)
 
 
+@dataclass(frozen=True)
+class ItlSamples:
+    """A multiset of ITL samples: ``values_s[i]`` occurs ``counts[i]`` times (float64 s,
+    int64 >= 1, same length). Steps hold many equal gaps, so a run keeps one entry per
+    step instead of one per token."""
+
+    values_s: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, samples: np.ndarray | ItlSamples) -> ItlSamples:
+        if isinstance(samples, ItlSamples):
+            return samples
+        v = np.asarray(samples, dtype=np.float64)
+        return cls(v, np.ones(len(v), dtype=np.int64))
+
+    @classmethod
+    def concat(cls, parts: list[ItlSamples]) -> ItlSamples:
+        if not parts:
+            return cls(np.zeros(0), np.zeros(0, dtype=np.int64))
+        return cls(np.concatenate([p.values_s for p in parts]),
+                   np.concatenate([p.counts for p in parts]))
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def expanded(self) -> np.ndarray:
+        """Every sample, one by one (for tests and small runs)."""
+        return np.repeat(self.values_s, self.counts)
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    # numpy's own linear interpolation (numpy/lib/_function_base_impl.py ``_lerp``), so
+    # weighted percentiles equal np.percentile of the expanded samples to the last bit.
+    d = b - a
+    return b - d * (1 - t) if t >= 0.5 else a + d * t
+
+
+def weighted_stats(samples: ItlSamples) -> dict[str, float | None]:
+    """``stats`` of the expanded multiset, without expanding it: mean, the linear-method
+    percentiles (p50, p90, p95, p99) and max."""
+    v, c = samples.values_s, samples.counts
+    keep = np.isfinite(v) & (c > 0)
+    v, c = v[keep], c[keep]
+    n = int(c.sum())
+    if n == 0:
+        return {k: None for k in ("mean", "p50", "p90", "p95", "p99", "max")}
+    order = np.argsort(v, kind="stable")
+    v, c = v[order], c[order]
+    ends = np.cumsum(c)  # rank r (0-based) holds v[searchsorted(ends, r, "right")]
+    out: dict[str, float | None] = {"mean": float(np.dot(v, c) / n)}
+    for p in PERCENTILES:
+        h = (n - 1) * p / 100
+        lo = int(np.floor(h))
+        a = float(v[np.searchsorted(ends, lo, side="right")])
+        b = float(v[np.searchsorted(ends, min(lo + 1, n - 1), side="right")])
+        out[f"p{p}"] = _lerp(a, b, h - lo)
+    out["max"] = float(v[-1])
+    return out
+
+
+#: Columns that must be equal for consecutive steps to share one compressed row.
+RLE_KEY = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
+           "slots_useful", "slots_idle", "slots_empty")
+
+
+def compress_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """Run-length compress a steps frame: consecutive steps with the same composition
+    (RLE_KEY) and no preemption share one row with ``num_steps`` = how many, the first
+    step's ``start_time``, the summed ``duration_s`` and the largest ``kv_blocks_used``.
+    A step with a preemption always keeps its own row. An uncompressed frame is the same
+    with ``num_steps`` = 1 everywhere."""
+    if steps.empty:
+        return steps.assign(num_steps=np.zeros(0, dtype=np.int64))
+    key = steps[list(RLE_KEY)].to_numpy()
+    pre = steps["num_preempted"].to_numpy() > 0
+    new = np.ones(len(steps), dtype=bool)
+    new[1:] = (key[1:] != key[:-1]).any(axis=1) | pre[1:] | pre[:-1]
+    group = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    out = steps.iloc[first].reset_index(drop=True)
+    out["duration_s"] = np.bincount(group, weights=steps["duration_s"].to_numpy())
+    out["kv_blocks_used"] = np.maximum.reduceat(steps["kv_blocks_used"].to_numpy(), first)
+    out["num_steps"] = np.bincount(group).astype(np.int64)
+    return out
+
+
 def stats(values: np.ndarray) -> dict[str, float | None]:
     """mean, p50, p90, p95, p99 and max of the finite values; None for each when empty."""
     v = np.asarray(values, dtype=np.float64)
@@ -140,12 +260,13 @@ def meets_slos(ttft: np.ndarray, tpot: np.ndarray, slo_ttft_s: float | None,
 
 
 def summarize(
-    requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, *, max_num_seqs: int,
+    requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray | ItlSamples, *,
+    max_num_seqs: int,
     num_gpu_blocks: int, block_size: int, slo_ttft_s: float | None = None,
     slo_tpot_s: float | None = None,
 ) -> dict[str, Any]:
     """The summary.json dictionary (keys listed in the README; later versions add keys,
-    never rename). ``itl`` is the pooled ITL samples in seconds."""
+    never rename). ``itl`` is the pooled ITL samples in seconds (an array or ItlSamples)."""
     done = (requests["status"] == RequestStatus.FINISHED.value).to_numpy()
     fin = requests[done]
     duration = float(fin["finish_time"].max() - requests["arrival_time"].min()) if len(fin) else 0.0
@@ -177,7 +298,7 @@ def summarize(
         },
         "ttft_s": stats(fin["ttft_s"].to_numpy()),
         "tpot_s": stats(fin["tpot_s"].to_numpy()),
-        "itl_s": stats(itl),
+        "itl_s": weighted_stats(ItlSamples.of(itl)),
         "e2e_latency_s": stats(fin["e2e_latency_s"].to_numpy()),
         "queued_time_s": stats(requests["queued_time_s"].to_numpy()),
         "goodput_requests_per_s": goodput,

@@ -94,6 +94,14 @@ def cdf_points(values: np.ndarray, max_points: int = CDF_POINTS) -> tuple[np.nda
     return v[idx], (idx + 1) / n
 
 
+def _num_steps(steps: pd.DataFrame) -> np.ndarray:
+    """How many engine steps each row stands for (steps.csv is run-length compressed;
+    see metrics.compress_steps); 1 per row for an uncompressed frame."""
+    if "num_steps" in steps:
+        return steps["num_steps"].to_numpy(np.float64)
+    return np.ones(len(steps))
+
+
 def timeline(steps: pd.DataFrame, num_usable_blocks: int,
              max_points: int = TIMELINE_POINTS) -> pd.DataFrame:
     """The step timeline, bucketed in time when longer than ``max_points`` (see the
@@ -101,6 +109,7 @@ def timeline(steps: pd.DataFrame, num_usable_blocks: int,
     kv_usage (fraction), num_waiting, num_preempted."""
     t = steps["start_time"].to_numpy(np.float64)
     d = steps["duration_s"].to_numpy(np.float64)
+    k = _num_steps(steps)
     cols = {c: steps[c].to_numpy(np.float64) for c in (
         "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting", "num_preempted")}
     cols["kv_usage"] = steps["kv_blocks_used"].to_numpy(np.float64) / max(num_usable_blocks, 1)
@@ -108,14 +117,14 @@ def timeline(steps: pd.DataFrame, num_usable_blocks: int,
         return pd.DataFrame({"time": t, **cols})
     t0, t1 = float(t.min()), float((t + d).max())
     idx = np.minimum(((t - t0) / (t1 - t0) * max_points).astype(np.int64), max_points - 1)
-    n = np.bincount(idx, minlength=max_points).astype(np.float64)
+    n = np.bincount(idx, weights=k, minlength=max_points)
     busy = np.bincount(idx, weights=d, minlength=max_points)
     with np.errstate(invalid="ignore", divide="ignore"):
         def weighted(x: np.ndarray) -> np.ndarray:
             return np.bincount(idx, weights=x * d, minlength=max_points) / busy
 
         def per_step(x: np.ndarray) -> np.ndarray:
-            return np.bincount(idx, weights=x, minlength=max_points) / n
+            return np.bincount(idx, weights=x * k, minlength=max_points) / n
 
         out = {
             "time": t0 + (np.arange(max_points) + 0.5) * (t1 - t0) / max_points,
@@ -147,8 +156,9 @@ def throughput(steps: pd.DataFrame, requests: pd.DataFrame,
     def rate(times: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         return np.histogram(times, bins=edges, weights=weights)[0] / width
 
-    pre = steps["num_prefill_tokens"].to_numpy(np.float64)
-    dec = steps["num_decode_tokens"].to_numpy(np.float64)
+    k = _num_steps(steps)
+    pre = steps["num_prefill_tokens"].to_numpy(np.float64) * k
+    dec = steps["num_decode_tokens"].to_numpy(np.float64) * k
     first = requests["first_token_time"].to_numpy(np.float64)
     fin = requests.loc[requests["status"] == "finished", "finish_time"].to_numpy(np.float64)
     return pd.DataFrame({

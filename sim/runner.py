@@ -26,6 +26,7 @@ from sim.cluster import ROUTERS
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepObserver
+from sim.metrics import compress_steps
 from sim.simulate import SimResult, simulate
 from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals
 
@@ -78,6 +79,7 @@ class RunConfig:
     router: str = "round-robin"
     concurrency: int | None = None
     think_time: float = 0.0
+    trace_sample: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -169,6 +171,7 @@ def prepare(cfg: RunConfig) -> Prepared:
         scenario=cfg.scenario, arrival=cfg.arrival, rate=cfg.rate,
         burstiness=cfg.burstiness, num_requests=cfg.num_requests, window_s=cfg.window,
         time_scale=cfg.time_scale, max_tokens=cfg.max_tokens, seed=cfg.seed,
+        trace_sample=cfg.trace_sample,
     )
     cost, label = _cost_model(cfg, model, gpu)
     return Prepared(cfg, sched, workload, cost, num_blocks, plan, label)
@@ -248,16 +251,21 @@ def resolved_config(prep: Prepared) -> dict[str, Any]:
     return out
 
 
-def write_run(out_dir: Path, prep: Prepared, result: SimResult) -> None:
+def write_run(out_dir: Path, prep: Prepared, result: SimResult,
+              full_steps: bool = False) -> None:
     """Write requests.csv, steps.csv, summary.json and config.json into ``out_dir``,
     whole or not at all: files go to a temporary sibling directory that replaces
-    ``out_dir`` only once every file is complete."""
+    ``out_dir`` only once every file is complete. steps.csv is run-length compressed
+    (metrics.compress_steps) unless ``full_steps``; its ``num_steps`` column says how many
+    steps each row stands for."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         result.requests.to_csv(tmp / "requests.csv", index=False)
-        result.steps.to_csv(tmp / "steps.csv", index=False)
+        steps = (result.steps.assign(num_steps=1) if full_steps
+                 else compress_steps(result.steps))
+        steps.to_csv(tmp / "steps.csv", index=False)
         (tmp / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
         if out_dir.exists():

@@ -15,7 +15,14 @@ idle gaps of an engine and for a whole cluster):
   GRID_POINTS evenly spaced times.
 - saturated when the slope exceeds GROWTH_FRACTION of the offered rate (n - 1) /
   (t_last - t_first), i.e. throughput below 95% of the offered rate, and the fitted growth
-  over that half is at least MIN_GROWTH requests (a handful of requests decides nothing).
+  over that half clears a noise floor: at least MIN_GROWTH requests, more than
+  NOISE_MULTIPLE standard deviations of N(t) about the line, and more than POISSON_Z
+  standard deviations of the difference of two independent Poisson counts of mean L
+  (L = mean N(t) over the half: the stationary count of an uncongested batch server,
+  M/G/inf, is Poisson). A stable system's ups and downs, which in short runs of long
+  requests can look like growth, stay under the floor; a queue that grows without bound
+  clears it as soon as the window is long compared with the request latencies (the rule
+  cannot tell a mild overload in a short run from chance: more requests, a longer window).
 
 A closed loop (a fixed number of users) can never saturate by this rule: N(t) is bounded
 by the number of users. That is the point of the rule, not a gap in it: a closed loop
@@ -24,6 +31,7 @@ hides queueing instead of growing a queue.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -35,12 +43,20 @@ GROWTH_FRACTION = 0.05
 MIN_GROWTH = 10
 """Fewest requests the backlog must grow by over the second half to count."""
 
+NOISE_MULTIPLE = 2.0
+"""Growth must exceed this many standard deviations of N(t) about the fitted line."""
+
+POISSON_Z = 3.0
+"""Growth must exceed POISSON_Z * sqrt(2 L), L = mean requests in the system."""
+
 GRID_POINTS = 200
 """Samples of N(t) the line is fitted to."""
 
 RULE = (f"saturated when the number of requests in the system grows, over the second half "
         f"of the arrival window, faster than {GROWTH_FRACTION:.0%} of the offered rate "
-        f"(least-squares slope) and by at least {MIN_GROWTH} requests")
+        f"(least-squares slope) and by more than a noise floor: max({MIN_GROWTH} requests, "
+        f"{NOISE_MULTIPLE:g} x the sd of its fluctuation about that line, "
+        f"{POISSON_Z:g} x sqrt(2 x its mean))")
 
 
 def _not_measured(reason: str) -> dict[str, Any]:
@@ -65,12 +81,15 @@ def saturation_summary(requests: pd.DataFrame) -> dict[str, Any]:
     grid = np.linspace(mid, t1, GRID_POINTS)
     in_system = (np.searchsorted(arr, grid, side="right")
                  - np.searchsorted(dep, grid, side="right")).astype(np.float64)
-    slope = float(np.polyfit(grid, in_system, 1)[0])
+    slope, intercept = (float(x) for x in np.polyfit(grid, in_system, 1))
+    noise = float(np.std(in_system - (slope * grid + intercept)))
     offered = (arr.size - 1) / (t1 - t0)
     growth = slope * (t1 - mid)
     arrived = int(np.searchsorted(arr, t1, "right") - np.searchsorted(arr, mid, "right"))
     served = int(np.searchsorted(dep, t1, "right") - np.searchsorted(dep, mid, "right"))
-    saturated = bool(slope > GROWTH_FRACTION * offered and growth >= MIN_GROWTH)
+    level = float(in_system.mean())
+    floor = max(float(MIN_GROWTH), NOISE_MULTIPLE * noise, POISSON_Z * math.sqrt(2 * level))
+    saturated = bool(slope > GROWTH_FRACTION * offered and growth > floor)
     return {
         "saturated": saturated,
         "latency_steady_state": not saturated,
@@ -82,6 +101,9 @@ def saturation_summary(requests: pd.DataFrame) -> dict[str, Any]:
             "offered_rate_per_s": offered,
             "threshold_per_s": GROWTH_FRACTION * offered,
             "growth_over_window": growth,
+            "fluctuation_sd": noise,
+            "mean_in_system": level,
+            "noise_floor": floor,
             "served_fraction": served / arrived if arrived else None,
         },
     }

@@ -17,19 +17,25 @@ from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook, Scheduler, StepObserver
 from sim.kv_cache import KVCacheManager
-from sim.metrics import Recorder, summarize
+from sim.metrics import ItlSamples, Recorder, summarize
 from sim.source import ArrivalSource
 
 
 @dataclass
 class SimResult:
     """requests: one row per request (metrics.REQUEST_COLUMNS); steps: one row per step
-    (metrics.STEP_COLUMNS); itl_s: pooled ITL samples (s); summary: summary.json dict."""
+    (metrics.STEP_COLUMNS); itl: pooled ITL samples (s) with their counts; summary:
+    summary.json dict."""
 
     requests: pd.DataFrame
     steps: pd.DataFrame
-    itl_s: np.ndarray
+    itl: ItlSamples
     summary: dict[str, Any]
+
+    @property
+    def itl_s(self) -> np.ndarray:
+        """Every ITL sample (s), one by one."""
+        return self.itl.expanded()
 
 
 def simulate(
@@ -38,6 +44,7 @@ def simulate(
     slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
     progress: Callable[[int], None] | None = None, slice_s: float = math.inf,
     observer: StepObserver | None = None, on_release: ReleaseHook | None = None,
+    fast_path: bool = True,
 ) -> SimResult:
     """Simulate until every request has finished or been rejected.
 
@@ -45,6 +52,8 @@ def simulate(
     progress: called with the number of requests done after each ``slice_s`` seconds of
       simulated time (never per step, so it costs nothing on the hot path).
     on_release: the engine's release hook (closed-loop clients: ``source.release``).
+    fast_path: let the engine advance steady decode runs at once (sim/fastpath.py);
+      False runs the step-by-step reference (same results, slower).
     Raises SchedulerStuck if the policy stops making progress with work waiting.
     """
     env = simpy.Environment()
@@ -53,14 +62,14 @@ def simulate(
     rec = Recorder()
     proc = Engine(env, policy=policy, cost_model=cost_model, kv=kv, config=config,
                   arrivals=arrivals, recorder=rec, observer=observer,
-                  on_release=on_release).start()
+                  on_release=on_release, fast_path=fast_path).start()
     while proc.is_alive:
         env.run(until=proc if math.isinf(slice_s) else env.now + slice_s)
         if progress is not None:
             progress(rec.num_requests)
     requests = rec.requests_frame()
     steps = rec.steps_frame()
-    itl = np.frombuffer(rec.itl, dtype=np.float64).copy() if len(rec.itl) else np.zeros(0)
+    itl = rec.itl_samples()
     summary = summarize(requests, steps, itl, max_num_seqs=config.max_num_seqs,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                         slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)

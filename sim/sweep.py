@@ -111,14 +111,16 @@ class CellTask:
     config: RunConfig
 
 
-def cell_tasks(base: RunConfig, grid: Grid) -> list[CellTask]:
+def cell_tasks(base: RunConfig, grid: Grid, think_time: float = 0.0) -> list[CellTask]:
     """Every (cell, seed) in grid order, seeds innermost. A rate axis over a trace re-times
-    it by Poisson arrivals unless the base names another process."""
+    it by Poisson arrivals unless the base names another process; ``think_time`` (s) goes
+    to every cell (closed-loop cells only)."""
     if "rate" in grid.axes and base.trace is not None and base.arrival is None:
         base = dataclasses.replace(base, arrival="poisson")
     if "concurrency" in grid.axes:
         base = dataclasses.replace(base, rate=None)
-    return [CellTask(i, s, knobs, dataclasses.replace(base, seed=s, **knobs))
+    return [CellTask(i, s, knobs, dataclasses.replace(base, seed=s, think_time=think_time,
+                                                      **knobs))
             for i, knobs in enumerate(grid.cells()) for s in grid.seeds]
 
 
@@ -189,14 +191,15 @@ def run_cell(task: CellTask) -> dict[str, Any]:
 
 def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
               backend: str = "local", address: str | None = None,
-              on_done: Callable[[int], None] | None = None) -> pd.DataFrame:
+              on_done: Callable[[int], None] | None = None,
+              think_time: float = 0.0) -> pd.DataFrame:
     """Every cell of ``grid`` on ``base``; one row per (cell, seed), in grid order.
 
     The first cell is prepared here first, so input errors common to every cell (a
     missing trace, an unknown model) fail at once with one ValueError or
     FileNotFoundError instead of once per cell.
     """
-    tasks = cell_tasks(base, grid)
+    tasks = cell_tasks(base, grid, think_time)
     prepare(tasks[0].config)
     rows = map_ordered(run_cell, tasks, workers=workers, backend=backend, address=address,
                        on_done=on_done)

@@ -40,7 +40,9 @@ def test_run_writes_the_four_files(tmp_path: Path) -> None:
     assert "Maximum concurrency for 131,072 tokens per request" in text
     req = pd.read_csv(out / "requests.csv")
     assert list(req.columns) == list(REQUEST_COLUMNS) and len(req) == 50
-    assert list(pd.read_csv(out / "steps.csv").columns) == list(STEP_COLUMNS)
+    steps = pd.read_csv(out / "steps.csv")
+    assert list(steps.columns) == [*STEP_COLUMNS, "num_steps"]
+    assert steps["num_steps"].sum() > len(steps)  # decode runs share a row
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert summary["goodput_requests_per_s"] is not None
@@ -55,6 +57,20 @@ def test_same_seed_identical_requests_csv(tmp_path: Path) -> None:
     assert a == (tmp_path / "b" / "requests.csv").read_bytes()
     run("--num-requests", "80", "--seed", "8", "--out", str(tmp_path / "c"))
     assert a != (tmp_path / "c" / "requests.csv").read_bytes()
+
+
+def test_full_steps_writes_one_row_per_step(tmp_path: Path) -> None:
+    trace = write_csv(tmp_path / "t.csv", ["0,4,30", "0,4,30"])
+    for name, flag in (("rle", []), ("full", ["--full-steps"])):
+        code, text = run("--trace", str(trace), "--step-time", "0.5", *flag,
+                         "--out", str(tmp_path / name))
+        assert code == 0, text
+    rle = pd.read_csv(tmp_path / "rle" / "steps.csv")
+    full = pd.read_csv(tmp_path / "full" / "steps.csv")
+    # 30 steps: the prefill step, then 29 identical decode steps of both requests.
+    assert len(full) == 30 and (full["num_steps"] == 1).all()
+    assert list(rle["num_steps"]) == [1, 29]
+    assert rle["duration_s"].sum() == pytest.approx(15.0)
 
 
 def test_step_time_and_num_gpu_blocks_overrides(tmp_path: Path) -> None:

@@ -1,0 +1,117 @@
+"""The fast path (steady decode runs advanced at once) against the step-by-step reference
+on random workloads: identical request records (times within 1e-9 relative), identical
+steps, ITL samples and summaries, for every built-in policy and allocation mode."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies import get_policy_class
+from sim.batch import BatchShape
+from sim.config import SchedulerConfig
+from sim.engine import Engine
+from sim.simulate import SimResult, simulate
+from sim.source import RequestListArrivals
+from tests.conftest import make_requests
+
+
+class ContextCost:
+    """Step time that depends on every shape field, so any difference in what a step
+    holds shows up in the clock."""
+
+    def step_time(self, s: BatchShape) -> float:
+        return (0.0071 + 1.3e-4 * s.num_prefill_tokens + 2.9e-6 * s.prefill_attention_pairs
+                + 3.1e-5 * s.num_decode_seqs + 7.7e-7 * s.decode_context_tokens)
+
+
+def run(reqs_args: dict, cfg: SchedulerConfig, policy: str, blocks: int, bs: int,
+        fast: bool) -> SimResult:
+    return simulate(RequestListArrivals(make_requests(**reqs_args)),
+                    policy_factory=get_policy_class(policy), config=cfg,
+                    cost_model=ContextCost(), num_gpu_blocks=blocks, block_size=bs,
+                    fast_path=fast)
+
+
+def assert_frames_close(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    assert list(a.columns) == list(b.columns) and len(a) == len(b)
+    for c in a.columns:
+        x, y = a[c].to_numpy(), b[c].to_numpy()
+        if x.dtype.kind == "f":
+            np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=c)
+        else:
+            assert list(x) == list(y), c
+
+
+def assert_nested_close(a: object, b: object) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for k in a:
+            assert_nested_close(a[k], b[k])
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (a, b)
+    else:
+        assert a == b
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]:
+    n = draw(st.integers(1, 24))
+    outs = draw(st.lists(st.integers(1, 70), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 90), min_size=n, max_size=n))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.013, 0.05, 0.31, 1.7]),
+                         min_size=n, max_size=n))
+    caps = [o if draw(st.booleans()) else draw(st.integers(1, 80)) for o in outs]
+    policy = draw(st.sampled_from(["chunked", "continuous", "static"]))
+    bs = draw(st.sampled_from([1, 4, 16]))
+    blocks = draw(st.integers(12, 80)) if bs == 16 else draw(st.integers(60, 400))
+    cfg = SchedulerConfig(
+        max_num_seqs=draw(st.integers(1, 9)),
+        max_num_batched_tokens=draw(st.integers(90, 300)),
+        max_model_len=draw(st.sampled_from([64, 160, 4096])),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 16])),
+        queue=draw(st.sampled_from(["fcfs", "priority"])),
+        kv_allocation=draw(st.sampled_from(["paged", "paged", "reserve"])),
+    )
+    args = {"output_lens": outs, "prompt": prompts, "arrivals": list(np.cumsum(gaps)),
+            "max_tokens": caps, "priorities": draw(st.lists(st.integers(0, 2), min_size=n,
+                                                            max_size=n))}
+    return args, cfg, policy, blocks, bs
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_fast_path_equals_step_by_step(w: tuple[dict, SchedulerConfig, str, int, int]) -> None:
+    args, cfg, policy, blocks, bs = w
+    ref = run(args, cfg, policy, blocks, bs, fast=False)
+    fast = run(args, cfg, policy, blocks, bs, fast=True)
+    assert_frames_close(fast.requests, ref.requests)
+    assert_frames_close(fast.steps, ref.steps)
+    np.testing.assert_allclose(np.sort(fast.itl_s), np.sort(ref.itl_s), rtol=1e-9)
+    assert_nested_close(fast.summary, ref.summary)
+
+
+def test_fast_path_takes_long_decode_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two requests decoding 200 tokens each with ample blocks: after the prefill step the
+    # engine advances the decode phase in one run (198 steps), then the finishing step.
+    runs: list[int] = []
+    real = Engine._apply_run
+
+    def spy(self: Engine, r: object, times: list[float], *rest: object) -> None:
+        runs.append(len(times) - 1)
+        real(self, r, times, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "_apply_run", spy)
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=4096)
+    args = {"output_lens": [200, 200], "prompt": 20}
+    ref = run(args, cfg, "chunked", 1000, 16, fast=False)
+    assert runs == []
+    fast = run(args, cfg, "chunked", 1000, 16, fast=True)
+    assert runs == [198]
+    assert len(fast.steps) == len(ref.steps) == 200
+    assert fast.requests["finish_time"].tolist() == ref.requests["finish_time"].tolist()
