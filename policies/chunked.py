@@ -57,10 +57,17 @@ class ChunkedPolicy(QueuePolicy):
         max_len = self.config.max_model_len
         running = self.running
         i = 0
+        bs = self.kv.block_size
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.num_computed_tokens
             n = req.num_prompt_tokens + req.num_output_tokens - computed
+            if n == 1 and computed < len(req.block_ids) * bs and computed < max_len - 1:
+                # A decode whose held blocks have room: the common case, kept short.
+                scheduled[req] = 1
+                budget -= 1
+                i += 1
+                continue
             if threshold and n > threshold:
                 n = threshold
             n = min(n, budget, max_len - 1 - computed)
