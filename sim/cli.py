@@ -22,7 +22,9 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
-INPUT_ERRORS = (ValueError, FileNotFoundError, IsADirectoryError, PermissionError)
+# Bad input and file-system refusals (a missing file, a directory where a file goes, no
+# permission): one line, exit 1.
+INPUT_ERRORS = (ValueError, OSError)
 
 
 def fail(message: str) -> NoReturn:
@@ -389,6 +391,16 @@ def list_known() -> None:
 
 # `sweep` and `plan` register themselves on `app` (sim/cli_capacity.py).
 import sim.cli_capacity  # noqa: E402, F401
+
+
+def _register_calibrate() -> None:
+    # calibration/cli.py imports torch only inside the command, so this stays cheap.
+    from calibration.cli import register
+
+    register(app)
+
+
+_register_calibrate()
 
 
 def main() -> None:

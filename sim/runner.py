@@ -23,12 +23,13 @@ from policies.registry import get_policy_class
 from scenarios.build import build_workload
 from scenarios.workload import Workload
 from sim.cluster import ROUTERS
-from sim.config import SchedulerConfig
+from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepObserver
 from sim.metrics import compress_steps
+from sim.prefix_cache import mooncake_segments
 from sim.simulate import SimResult, simulate
-from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals
+from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals, ContentFn
 
 VERSION = "0.1.0"
 
@@ -80,6 +81,7 @@ class RunConfig:
     concurrency: int | None = None
     think_time: float = 0.0
     trace_sample: bool = False
+    prefix_cache: str = "none"
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -99,6 +101,22 @@ class RunConfig:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         _check_scale_out(self)
+        _check_prefix_cache(self)
+
+
+def _check_prefix_cache(cfg: RunConfig) -> None:
+    """Validate prefix_cache against the policy and the replicas (the scheduler config
+    checks the queue and the KV allocation)."""
+    if cfg.prefix_cache not in PREFIX_CACHE_MODES:
+        raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}, "
+                         f"got {cfg.prefix_cache!r}")
+    if cfg.prefix_cache == "none":
+        return
+    if cfg.policy == "static":
+        raise ValueError("prefix_cache applies to iteration-level policies (chunked, "
+                         "continuous): static batching pads and computes every prompt")
+    if cfg.replicas > 1:
+        raise ValueError("prefix_cache needs replicas 1 (no cache-aware router yet)")
 
 
 def _check_scale_out(cfg: RunConfig) -> None:
@@ -139,6 +157,8 @@ def prepare(cfg: RunConfig) -> Prepared:
 
     Raises ValueError (one line naming the field) or FileNotFoundError on bad input.
     """
+    if cfg.profile is not None:
+        cfg = _with_profile_model(cfg)
     model = get_model(cfg.model)
     gpu = get_gpu(cfg.gpu)
     get_policy_class(cfg.policy)
@@ -165,6 +185,7 @@ def prepare(cfg: RunConfig) -> Prepared:
             DTYPE_BYTES[cfg.dtype], cfg.tensor_parallel_size) * cfg.block_size,
         swap_space_bytes=int(cfg.swap_space * GIB),
         pcie_bandwidth_bytes_per_s=cfg.pcie_bandwidth * 1e9,
+        prefix_cache=cfg.prefix_cache,
     )
     workload = build_workload(
         trace=Path(cfg.trace) if cfg.trace else None, trace_format=cfg.trace_format,
@@ -177,6 +198,15 @@ def prepare(cfg: RunConfig) -> Prepared:
     return Prepared(cfg, sched, workload, cost, num_blocks, plan, label)
 
 
+def _with_profile_model(cfg: RunConfig) -> RunConfig:
+    """A profile prices steps of the model it measured, so that model also sizes the KV
+    cache: ``model`` becomes the profile's preset name (an unknown one stays an error)."""
+    from calibration.profile import load_profile
+
+    name = str(load_profile(cfg.profile).model.get("name", cfg.model))  # type: ignore[arg-type]
+    return dataclasses.replace(cfg, model=name) if name != cfg.model else cfg
+
+
 def _cost_model(cfg: RunConfig, model: Any, gpu: Any) -> tuple[CostModel, str]:
     if cfg.step_time is not None:
         return ConstantCostModel(cfg.step_time), f"constant {cfg.step_time} s per step"
@@ -187,7 +217,8 @@ def _cost_model(cfg: RunConfig, model: Any, gpu: Any) -> tuple[CostModel, str]:
         from calibration.profile import ProfileCostModel, load_profile
 
         prof = load_profile(cfg.profile)
-        return ProfileCostModel(prof), f"profile {cfg.profile}"
+        return ProfileCostModel(prof), (f"profile {cfg.profile} ({prof.model.get('name')} "
+                                        f"on {prof.device_name}, {prof.dtype})")
     tp = cfg.tensor_parallel_size
     rl = RooflineCostModel(model, gpu, cfg.dtype, tensor_parallel_size=tp)
     return rl, f"roofline {model.name} on {gpu.name} ({cfg.dtype}" + (
@@ -227,12 +258,27 @@ def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
     """The run's arrival source and the release hook it needs: the workload's own
     arrivals (open loop), or closed-loop users over its rows (``concurrency``)."""
     w, cfg = prep.workload, prep.config
+    content = prompt_content(w) if cfg.prefix_cache != "none" else None
     if cfg.concurrency is None:
         return ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
-                              w.max_tokens, w.priority, w.request_id), None
+                              w.max_tokens, w.priority, w.request_id, content), None
     src = ClosedLoopArrivals(w.num_prompt_tokens, w.output_len, w.max_tokens,
-                             cfg.concurrency, cfg.think_time, w.priority, w.request_id)
+                             cfg.concurrency, cfg.think_time, w.priority, w.request_id,
+                             content)
     return src, src.release
+
+
+def prompt_content(w: Workload) -> ContentFn | None:
+    """Each row's prompt segments for a prefix cache, made at arrival: the workload's
+    own ``prompt_segments``, or its Mooncake ``hash_ids`` at 512 tokens an id; None
+    when it has neither (every prompt is then its own)."""
+    if w.prompt_segments is not None:
+        return w.prompt_segments.__getitem__
+    hashes = w.hash_ids
+    if hashes is None:
+        return None
+    prompt, ids = w.num_prompt_tokens, w.request_id
+    return lambda i: mooncake_segments(hashes[i], int(prompt[i]), ids[i])
 
 
 def resolved_config(prep: Prepared) -> dict[str, Any]:
@@ -259,8 +305,13 @@ def write_run(out_dir: Path, prep: Prepared, result: SimResult,
     (metrics.compress_steps) unless ``full_steps``; its ``num_steps`` column says how many
     steps each row stands for."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"out: {out_dir} exists and is not a directory")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the run private
     try:
         result.requests.to_csv(tmp / "requests.csv", index=False)
         steps = (result.steps.assign(num_steps=1) if full_steps
@@ -269,9 +320,8 @@ def write_run(out_dir: Path, prep: Prepared, result: SimResult,
         (tmp / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
         if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+            os.rmdir(old)  # a fresh unused name for the previous run
             os.replace(out_dir, old)
             os.replace(tmp, out_dir)
             shutil.rmtree(old)

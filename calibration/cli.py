@@ -1,0 +1,162 @@
+"""The ``servesim calibrate`` command: measure step latencies with torch (or refit a stored
+profile), fit the step-cost model, print the held-out error table, write the profile.
+
+Owns: :func:`register` (adds the command to the main Typer app) and the command itself.
+Bad input, a missing torch, a corrupt profile or a refused fit end in one line on stderr and
+exit code 1. torch is imported only when measuring.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from calibration.fit import FEATURES, FitRejected, FitResult, fit_points
+from calibration.profile import Profile, load_profile, profile_from_measurement, refit, save_profile
+
+INSTALL_HINT = "install the calibration extra: pip install 'servesim[calibration]'"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``calibrate`` command to ``app``."""
+    app.command("calibrate")(calibrate)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def error_table(fit: FitResult, title: str) -> Table:
+    """Per-region errors of a fit, in percent (held-out = not used by the fit)."""
+    t = Table(title=title, header_style="bold")
+    for col in ("region", "train pts", "held-out pts", "train MAPE", "held-out MAPE",
+                "held-out worst"):
+        t.add_column(col, justify="left" if col == "region" else "right")
+    pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
+    for region, e in fit.errors.items():
+        t.add_row(region, str(e.num_train), str(e.num_heldout), pct(e.train_mape),
+                  pct(e.mape), pct(e.max_error))
+    return t
+
+
+def _report(console: Console, profile: Profile, title: str) -> None:
+    console.print(error_table(profile.fit, title))
+    knot = profile.fit.knot_tokens
+    pairs = zip(FEATURES, profile.fit.coefficients, strict=True)
+    coefs = ", ".join(f"{n}={c:.4g}" for n, c in pairs)
+    console.print(f"fit ({profile.fit.status}, knot {knot} tokens): {coefs}", highlight=False)
+    if profile.approximation:
+        console.print(f"approximation: {profile.approximation}", highlight=False)
+
+
+def _save(profile: Profile, out: Path) -> None:
+    try:
+        save_profile(profile, out)
+    except OSError as exc:
+        _fail(f"cannot write {out}: {exc.strerror or exc}")
+
+
+def calibrate(
+    model: Annotated[str, typer.Option(
+        help="Model preset to measure (see `servesim list`); ignored with --config.")
+    ] = "qwen2.5-0.5b",
+    device: Annotated[str, typer.Option(help="Where to measure: cpu or cuda[:N].")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="Weights and KV dtype: bf16, fp16, fp32.")] =
+        "bf16",
+    num_layers: Annotated[int | None, typer.Option(
+        help="Measure only this many layers; per-layer costs are scaled up to the full "
+             "model (an approximation, labelled in the profile). Default: all layers.")
+    ] = None,
+    max_num_seqs: Annotated[int, typer.Option(
+        help="Largest decode batch in the grid (match the simulated max_num_seqs).")] = 32,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        help="Largest tokens per step in the grid (the simulated token budget).")] = 512,
+    max_context: Annotated[int, typer.Option(
+        help="Longest context (tokens) in the grid.")] = 2048,
+    repeats: Annotated[int, typer.Option(
+        help="Timed rounds over the grid; each point keeps its fastest run.")] = 5,
+    threads: Annotated[int | None, typer.Option(
+        help="torch CPU threads while measuring (default 1: robust on a shared machine; "
+             "0 = torch's default).")] = 1,
+    budget_s: Annotated[float, typer.Option(
+        help="Measuring time limit in seconds; points measured so far are kept.")] = 540.0,
+    out: Annotated[Path | None, typer.Option(
+        help="Profile JSON to write. Default: DEVICE-MODEL.json (with --refit: overwrite "
+             "the refitted profile).")] = None,
+    force: Annotated[bool, typer.Option(
+        help="Keep a fit whose held-out MAPE exceeds 10% in some region.")] = False,
+    refit_path: Annotated[Path | None, typer.Option(
+        "--refit", help="Refit this profile's stored points instead of measuring.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="Hugging Face config.json to measure instead of a preset.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights and tokens.")] = 0,
+) -> None:
+    """Measure prefill, decode and mixed step latencies with torch, fit a step-cost model
+    and write a versioned profile (`servesim run --profile FILE` uses it)."""
+    console = Console()
+    if refit_path is not None:
+        _refit(console, refit_path, out or refit_path, force)
+        return
+    from calibration.grid import GridConfig
+    from calibration.measure import measure
+    from calibration.specs import ModelSpec, get_model
+
+    try:
+        spec = ModelSpec.from_hf_config(config) if config is not None else get_model(model)
+        grid = GridConfig(max_num_seqs, max_num_batched_tokens, max_context, repeats)
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
+    target = out or Path(f"{device.split(':')[0]}-{spec.name}.json")
+    if not target.parent.is_dir():
+        _fail(f"cannot write {target}: folder {target.parent} does not exist")
+    if importlib.util.find_spec("torch") is None:
+        _fail(f"torch is not installed; {INSTALL_HINT}")
+    start = time.perf_counter()
+    try:
+        m = measure(spec, grid, num_layers=num_layers, dtype=dtype, device=device,
+                    threads=threads or None, budget_s=budget_s, seed=seed)
+    except ImportError as exc:
+        _fail(f"cannot import torch ({exc}); {INSTALL_HINT}")
+    except (ValueError, RuntimeError) as exc:
+        _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    console.print(f"measured {len(m.points)} of {m.num_planned} grid points in "
+                  f"{m.elapsed_s:.0f} s on {m.device_name}", highlight=False)
+    if len(m.points) < m.num_planned // 2:
+        _fail(f"only {len(m.points)} of {m.num_planned} grid points fit in --budget-s "
+              f"{budget_s:g}; raise it, or lower --num-layers or the grid limits")
+    try:
+        fit = fit_points(m.points, force=force)
+    except FitRejected as exc:
+        kept = target.with_name(target.stem + ".rejected.json")
+        rejected = profile_from_measurement(spec, m, exc.fit)
+        _report(console, rejected, "held-out error per region (REFUSED)")
+        _save(rejected, kept)
+        _fail(f"{exc}; measurements kept in {kept} (refit: servesim calibrate --refit "
+              f"{kept} --force --out {target})")
+    except ValueError as exc:
+        _fail(str(exc))
+    profile = profile_from_measurement(spec, m, fit)
+    _report(console, profile, "held-out error per region")
+    _save(profile, target)
+    console.print(f"wrote {target} in {time.perf_counter() - start:.0f} s", highlight=False)
+
+
+def _refit(console: Console, source: Path, target: Path, force: bool) -> None:
+    try:
+        old = load_profile(source)
+        new = refit(old, force=force)
+    except FitRejected as exc:
+        console.print(error_table(exc.fit, "held-out error per region (REFUSED)"))
+        _fail(f"{source}: {exc}")
+    except ValueError as exc:
+        _fail(str(exc))
+    _report(console, new, "held-out error per region (refit)")
+    _save(new, target)
+    console.print(f"wrote {target}", highlight=False)

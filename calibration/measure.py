@@ -1,0 +1,175 @@
+"""Timing real engine steps on a random-weight torch decoder.
+
+Owns: :func:`measure` (warm-up, interleaved timed rounds, CUDA synchronisation, peak
+memory, a rich progress bar with time left, the time budget) and :class:`Measurement` (what
+it returns). The grid and the point records live in calibration/grid.py. torch is imported
+inside :func:`measure` only (this module and calibration/torch_model.py are its only
+importers).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from calibration.grid import GridConfig, GridPoint, MeasuredPoint, make_grid
+
+if TYPE_CHECKING:
+    from calibration.specs import ModelSpec
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """What :func:`measure` returns: the measured points (in measuring order), the setup
+    they were measured under, memory figures (bytes) and the wall time spent."""
+
+    points: tuple[MeasuredPoint, ...]
+    grid: GridConfig
+    num_layers: int
+    dtype: str
+    device: str
+    device_name: str
+    torch_version: str
+    memory: dict[str, Any]
+    elapsed_s: float
+    num_planned: int
+
+
+def _device_name(torch: Any, device: Any) -> str:
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                        name)
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+def measure(spec: ModelSpec, grid: GridConfig, *, num_layers: int | None = None,
+            dtype: str = "bf16", device: str = "cpu", threads: int | None = 1,
+            budget_s: float = 540.0, seed: int = 0, progress: bool = True,
+            points: Sequence[GridPoint] | None = None) -> Measurement:
+    """Time the grid (or the given ``points``, which must fit the grid's limits) on a
+    random-weight decoder (calibration.torch_model).
+
+    Runs are interleaved: ``grid.warmup`` untimed rounds over every point, then up to
+    ``grid.repeats`` timed rounds; each point keeps its fastest run (MeasuredPoint.seconds;
+    median and max recorded too). A burst
+    of load from another process then spoils one run of many points rather than every run
+    of one. CUDA is synchronised before and after each run. ``threads``: torch CPU threads
+    while measuring (restored after; None leaves torch's default). One thread is the
+    default because on a shared machine a multi-threaded step slows down up to tenfold
+    whenever another process takes a core, a single thread about twofold at worst.
+    ``budget_s`` (seconds from the call, model build included): no run starts that its
+    point's last run says would overrun; points with at least one timed run are kept.
+    Raises ValueError naming num_layers / dtype / device / threads / budget_s when invalid;
+    ImportError when torch is missing.
+    """
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    for p in points or ():
+        if (p.decode_seqs > grid.max_num_seqs or p.decode_context >= grid.max_context
+                or p.chunk_context + p.chunk_tokens > grid.max_context):
+            raise ValueError(f"points: {p} does not fit the grid limits {grid}")
+    import torch
+
+    from calibration.torch_model import build_decoder
+
+    start = time.perf_counter()
+    saved_threads = torch.get_num_threads()
+    try:
+        if threads is not None and device == "cpu":
+            torch.set_num_threads(threads)
+        model = build_decoder(spec, num_layers, dtype, device, seed)
+        cache = model.new_cache(grid.max_num_seqs + 1, grid.max_context)
+        planned = make_grid(grid) if points is None else list(points)
+        runs = _rounds(torch, model, cache, planned, grid, start + budget_s, seed, progress)
+        device_name = _device_name(torch, model.device)
+    finally:
+        torch.set_num_threads(saved_threads)
+    cuda = model.device.type == "cuda"
+    done = tuple(MeasuredPoint(p, min(ts), statistics.median(ts), max(ts), len(ts), peak)
+                 for p, (ts, peak) in zip(planned, runs, strict=True) if ts)
+    memory = {
+        "weight_bytes": model.weight_bytes(), "kv_cache_bytes": cache.num_bytes(),
+        "peak_bytes": max((m.peak_bytes or 0 for m in done), default=0) if cuda else None,
+        "note": ("peak_bytes: torch.cuda.max_memory_allocated over the grid" if cuda else
+                 "CPU: weights and KV cache allocated; activation memory not measured"),
+    }
+    return Measurement(done, grid, len(model.layers), dtype, device, device_name,
+                       str(torch.__version__), memory, time.perf_counter() - start,
+                       len(planned))
+
+
+def _rounds(torch: Any, model: Any, cache: Any, planned: list[GridPoint], grid: GridConfig,
+            deadline: float, seed: int, progress: bool) -> list[tuple[list[float], int | None]]:
+    """Interleaved rounds over the planned points until done or the deadline (a
+    perf_counter time); per point: its timed runs (seconds) and CUDA peak bytes."""
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    cuda = model.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else None
+    times: list[list[float]] = [[] for _ in planned]
+    last = [0.0] * len(planned)
+    peaks: list[int | None] = [None] * len(planned)
+    num_rounds = grid.warmup + grid.repeats
+    with _progress(progress) as bar:
+        task = bar.add_task("warm-up", total=num_rounds * len(planned))
+        for r in range(num_rounds):
+            label = "warm-up" if r < grid.warmup else f"round {r - grid.warmup + 1}"
+            for i, p in enumerate(planned):
+                if time.perf_counter() + last[i] > deadline:
+                    return list(zip(times, peaks, strict=True))
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(model.device)
+                last[i] = _time_step(model, cache, p, gen, sync)
+                if cuda:
+                    peak = int(torch.cuda.max_memory_allocated(model.device))
+                    peaks[i] = max(peaks[i] or 0, peak)
+                if r >= grid.warmup:
+                    times[i].append(last[i])
+                bar.update(task, advance=1, description=f"{label}/{grid.repeats} {p.region}")
+    return list(zip(times, peaks, strict=True))
+
+
+def _time_step(model: Any, cache: Any, p: GridPoint, gen: Any,
+               sync: Callable[[], None] | None) -> float:
+    """Seconds of one model.step for point p, contexts reset first (outside the timing)."""
+    from calibration.torch_model import Chunk
+
+    slot = len(cache.lengths) - 1
+    for i in range(p.decode_seqs):
+        cache.lengths[i] = p.decode_context
+    cache.lengths[slot] = p.chunk_context
+    chunks = [Chunk(slot, p.chunk_tokens, p.chunk_sample)] if p.chunk_tokens else []
+    if sync is not None:
+        sync()
+    t0 = time.perf_counter()
+    model.step(cache, range(p.decode_seqs), chunks, gen)
+    if sync is not None:
+        sync()
+    return time.perf_counter() - t0
+
+
+def _progress(enabled: bool) -> Any:
+    """A rich progress bar with elapsed and remaining time (disabled: draws nothing)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                    disable=not enabled)

@@ -1,0 +1,2 @@
+"""Shipped calibration profiles (servesim-profile JSON files), read with
+calibration.profile.load_profile."""
