@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import simpy
 
-from sim.batch import BatchPlan, SteadyDecode, shape_of
+from sim.batch import BatchPlan, BatchShape, SteadyDecode, shape_of
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.fastpath import MAX_RUN_STEPS, remaining_steps, safe_steps, step_times
@@ -50,6 +50,13 @@ ReleaseHook = Callable[[Request, float], None]
 #: Asked, when the engine is idle and its source knows of no next arrival, for an event
 #: that fires when a request may have arrived (a router's push); None = none will come.
 WakeHook = Callable[[], "simpy.Event | None"]
+
+
+#: Runs a step for real and returns its measured duration in seconds, given the plan
+#: (read before the engine applies it: num_computed_tokens is the prior context) and its
+#: cost shape. With an executor the engine's clock follows measured time instead of the
+#: cost model's prediction, and every step is executed one by one (no fast path).
+StepExecutor = Callable[[BatchPlan, BatchShape], float]
 
 
 class SchedulerStuck(RuntimeError):
@@ -85,7 +92,7 @@ class Engine:
         kv: KVCacheManager, config: SchedulerConfig, arrivals: ArrivalSource,
         recorder: Recorder, observer: StepObserver | None = None,
         on_release: ReleaseHook | None = None, wake: WakeHook | None = None,
-        fast_path: bool = True,
+        fast_path: bool = True, executor: StepExecutor | None = None,
     ) -> None:
         self.env = env
         self.policy = policy
@@ -100,8 +107,10 @@ class Engine:
         self._num_sampled = 0  # output tokens produced so far (the livelock watchdog's clock)
         # The policy's optional steady-decode promise (sim/fastpath.py). Off where every
         # step must be seen one by one (an observer) or arrivals are pushed (wake hook).
+        self.executor = executor
         steady = getattr(policy, "steady_decode", None)
-        self._steady = steady if fast_path and observer is None and wake is None else None
+        every_step = observer is not None or wake is not None or executor is not None
+        self._steady = steady if fast_path and not every_step else None
 
     def start(self) -> simpy.Process:
         return self.env.process(self.process())
@@ -182,7 +191,10 @@ class Engine:
                 last_preempted = plan.preempted[-1]
             sampled_before = self._num_sampled
             shape = shape_of(plan.scheduled)
-            dt = self.cost_model.step_time(plan.cost_shape or shape) + plan.extra_time_s
+            if self.executor is None:
+                dt = self.cost_model.step_time(plan.cost_shape or shape) + plan.extra_time_s
+            else:
+                dt = self.executor(plan, plan.cost_shape or shape) + plan.extra_time_s
             yield env.timeout(dt)
             end = env.now
             done = self._apply(plan, now, end)

@@ -15,9 +15,9 @@ import simpy
 
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
-from sim.engine import Engine, ReleaseHook, Scheduler, StepObserver
-from sim.kv_cache import KVCacheManager
+from sim.engine import Engine, ReleaseHook, Scheduler, StepExecutor, StepObserver
 from sim.metrics import ItlSamples, Recorder, summarize
+from sim.prefix_cache import PrefixCachingKV, make_kv, prefix_cache_summary
 from sim.source import ArrivalSource
 
 
@@ -44,7 +44,7 @@ def simulate(
     slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
     progress: Callable[[int], None] | None = None, slice_s: float = math.inf,
     observer: StepObserver | None = None, on_release: ReleaseHook | None = None,
-    fast_path: bool = True,
+    fast_path: bool = True, executor: StepExecutor | None = None,
 ) -> SimResult:
     """Simulate until every request has finished or been rejected.
 
@@ -54,15 +54,18 @@ def simulate(
     on_release: the engine's release hook (closed-loop clients: ``source.release``).
     fast_path: let the engine advance steady decode runs at once (sim/fastpath.py);
       False runs the step-by-step reference (same results, slower).
+    executor: run each step for real and advance the clock by its measured duration
+      (sim.engine.StepExecutor); the cost model is then unused.
     Raises SchedulerStuck if the policy stops making progress with work waiting.
     """
     env = simpy.Environment()
-    kv = KVCacheManager(num_gpu_blocks, block_size)
+    kv = make_kv(config.prefix_cache, num_gpu_blocks, block_size)
     policy: Scheduler = policy_factory(config, kv)
     rec = Recorder()
     proc = Engine(env, policy=policy, cost_model=cost_model, kv=kv, config=config,
                   arrivals=arrivals, recorder=rec, observer=observer,
-                  on_release=on_release, fast_path=fast_path).start()
+                  on_release=on_release, fast_path=fast_path,
+                  executor=executor).start()
     while proc.is_alive:
         env.run(until=proc if math.isinf(slice_s) else env.now + slice_s)
         if progress is not None:
@@ -73,4 +76,6 @@ def simulate(
     summary = summarize(requests, steps, itl, max_num_seqs=config.max_num_seqs,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                         slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+    summary["prefix_cache"] = (kv.summary() if isinstance(kv, PrefixCachingKV)
+                               else prefix_cache_summary("none", None, block_size))
     return SimResult(requests, steps, itl, summary)
