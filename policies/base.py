@@ -16,31 +16,21 @@ from __future__ import annotations
 from collections import deque
 from typing import ClassVar, Protocol, runtime_checkable
 
-from policies.queues import make_queue
+from policies.queues import LPMQueue, make_queue
 from sim.batch import BatchPlan, BatchShape, SteadyDecode
 from sim.config import SchedulerConfig
+from sim.engine import Scheduler
 from sim.kv_cache import KVCacheManager
+from sim.prefix_cache import PrefixCachingKV
 from sim.request import Request, RequestStatus
 
 
 @runtime_checkable
-class Policy(Protocol):
-    """What the engine calls. See the module docstring for the contract."""
+class Policy(Scheduler, Protocol):
+    """What the engine calls (sim.engine.Scheduler), plus a name. See the module
+    docstring for the contract."""
 
     name: ClassVar[str]
-
-    def add_request(self, request: Request) -> None: ...
-
-    def schedule(self, now: float) -> BatchPlan: ...
-
-    def on_step_end(self, done: list[Request], now: float) -> list[Request]: ...
-
-    def has_unfinished_requests(self) -> bool: ...
-
-    @property
-    def num_waiting(self) -> int: ...
-
-    def stuck_request(self) -> Request | None: ...
 
 
 class QueuePolicy:
@@ -60,6 +50,9 @@ class QueuePolicy:
         self.num_swap_blocks = config.swap_space_bytes // bpb if bpb else 0
         self.num_swap_blocks_used = 0
         self._transfer_bytes = 0
+        # The prefix cache (issue 9), when the pool is one: admissions reuse its hits.
+        self.prefix_cache = kv if isinstance(kv, PrefixCachingKV) else None
+        self.lpm = isinstance(self.waiting, LPMQueue) and self.prefix_cache is not None
 
     def add_request(self, request: Request) -> None:
         self.waiting.push(request)
@@ -102,8 +95,15 @@ class QueuePolicy:
             return max(n, req.num_prompt_tokens + req.max_tokens)
         return n
 
-    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
-        """New blocks ``allocate(req, num_new_tokens)`` would take from the free pool."""
+    def blocks_needed(self, req: Request, num_new_tokens: int,
+                      hit: list[int] | None = None) -> int:
+        """New blocks ``allocate(req, num_new_tokens)`` would take from the free pool, or
+        ``allocate_cached(req, hit, num_new_tokens)`` when ``hit`` is given."""
+        if hit is not None:
+            assert self.prefix_cache is not None
+            c = len(hit) * self.kv.block_size
+            return self.prefix_cache.num_new_blocks(
+                req, hit, self.target_tokens(req, c + num_new_tokens))
         need = self.kv.blocks_for(self.target_tokens(req, num_new_tokens))
         return max(0, need - len(req.block_ids))
 
@@ -117,6 +117,30 @@ class QueuePolicy:
             return True  # the held blocks suffice (most decode steps): the hot path
         return self.kv.allocate_up_to(req, self.target_tokens(req, num_new_tokens)) is not None
 
+    # -- prefix caching (sim/prefix_cache.py) --
+    def prefix_hit(self, req: Request) -> list[int] | None:
+        """The cached blocks a waiting request would reuse ([] for none), or None when
+        there is no prefix cache (then admit with ``allocate`` as always)."""
+        cache = self.prefix_cache
+        return None if cache is None else cache.get_computed_blocks(req)
+
+    def allocate_cached(self, req: Request, hit: list[int], num_new_tokens: int) -> bool:
+        """Admit ``req`` through the prefix cache: reuse ``hit`` (from ``prefix_hit``) and
+        allocate for ``num_new_tokens`` tokens after it; on success its
+        num_computed_tokens starts at the hit. False (nothing changes) when it does not
+        fit."""
+        assert self.prefix_cache is not None
+        c = len(hit) * self.kv.block_size
+        return self.prefix_cache.allocate_cached(req, hit,
+                                                 self.target_tokens(req, c + num_new_tokens))
+
+    def order_waiting(self) -> None:
+        """``--queue lpm``: sort waiting by cached prefix, once per step (SGLang's
+        ``calc_priority`` before each prefill round)."""
+        cache = self.prefix_cache
+        assert cache is not None and isinstance(self.waiting, LPMQueue)
+        self.waiting.order(cache.cached_prefix_tokens)
+
     # -- preemption --
     def pick_victim(self) -> Request:
         """The running request to preempt: the tail (most recently admitted) under FCFS,
@@ -127,6 +151,25 @@ class QueuePolicy:
         if self.config.queue == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.index))
         return self.running[-1]
+
+    def allocate_preempting(
+        self, req: Request, n: int, scheduled: dict[Request, int], preempted: list[Request]
+    ) -> tuple[bool, int, int]:
+        """Allocate for ``n`` more tokens of running ``req``, preempting victims
+        (pick_victim) until it fits or ``req`` itself is the victim. A victim already
+        scheduled this step is unscheduled. Returns (allocated, tokens given back to the
+        budget, number of scheduled victims, which sat before ``req`` in running)."""
+        returned = unscheduled = 0
+        while not self.allocate(req, n):
+            victim = self.pick_victim()
+            if victim in scheduled:
+                returned += scheduled.pop(victim)
+                unscheduled += 1
+            self.preempt(victim)
+            preempted.append(victim)
+            if victim is req:
+                return False, returned, unscheduled
+        return True, returned, unscheduled
 
     def preempt(self, req: Request) -> None:
         """Preempt a running request. Swap mode, while the CPU swap space has room: copy

@@ -14,6 +14,9 @@ against ../shared/vllm-oracle):
    free pool must hold all of the request's current tokens (a check, not a reservation).
    The last admitted prompt may be chunked. Admission stops at the first that does not fit.
 KV allocation (paged or reserve) and preemption (recompute or swap) are the base class's.
+With a prefix cache (``--prefix-cache``), an admitted request reuses its longest cached
+prefix (vLLM's ``get_computed_blocks``): its computed tokens start there and only the rest
+is scheduled; with ``--queue lpm`` waiting is re-sorted each step by that prefix.
 vLLM V1 has no swap; in swap mode (servesim's addition) swapped requests resume, oldest
 first, after the running ones and before any waiting one, in steps that preempted nothing.
 """
@@ -38,6 +41,8 @@ class ChunkedPolicy(QueuePolicy):
 
     def schedule(self, now: float) -> BatchPlan:
         cfg = self.config
+        if self.lpm:
+            self.order_waiting()
         threshold = cfg.long_prefill_token_threshold
         if threshold and len(self.running) + len(self.waiting) <= 1:
             threshold = 0
@@ -74,15 +79,11 @@ class ChunkedPolicy(QueuePolicy):
             if n <= 0:
                 i += 1
                 continue
-            while not self.allocate(req, n):
-                victim = self.pick_victim()
-                if victim in scheduled:
-                    budget += scheduled.pop(victim)
-                    i -= 1
-                self.preempt(victim)
-                preempted.append(victim)
-                if victim is req:
-                    return budget
+            ok, back, shift = self.allocate_preempting(req, n, scheduled, preempted)
+            budget += back
+            i -= shift
+            if not ok:
+                return budget  # it preempted itself: vLLM V1 stops scheduling running
             scheduled[req] = n
             budget -= n
             i += 1
@@ -95,13 +96,24 @@ class ChunkedPolicy(QueuePolicy):
         while len(waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting.peek()
             n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+            hit = self.prefix_hit(req)  # None without a prefix cache
+            if hit:
+                n -= len(hit) * kv.block_size  # only the uncached tokens are computed
             if threshold and n > threshold:
                 n = threshold
             n = min(n, budget)
-            if cfg.scheduler_reserve_full_isl and not kv.can_fit(req, req.num_tokens):
-                break
-            if not self.allocate(req, n):
-                break
+            if hit is None:
+                if cfg.scheduler_reserve_full_isl and not kv.can_fit(req, req.num_tokens):
+                    break
+                if not self.allocate(req, n):
+                    break
+            else:
+                if (cfg.scheduler_reserve_full_isl and self.blocks_needed(
+                        req, req.num_tokens - len(hit) * kv.block_size, hit)
+                        > kv.num_free_blocks):
+                    break
+                if not self.allocate_cached(req, hit, n):
+                    break
             self.admit(req)
             scheduled[req] = n
             budget -= n

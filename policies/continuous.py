@@ -14,10 +14,11 @@ Rules, each step:
    (priority, arrival_time)) until it fits, possibly itself.
 3. Then, if nothing was preempted, swap requests back in (swap mode), oldest first; they
    decode in the same step. No waiting request is admitted while any is swapped out.
-A prompt longer than max_num_batched_tokens can never be scheduled, so such requests are
-rejected at arrival with that reason (vLLM V0 ignores them with a warning). A request
-preempted by recompute re-prefills its prompt plus its generated tokens in one step; when
-that exceeds the budget it is the step's only prefill. long_prefill_token_threshold does
+With a prefix cache an admitted request reuses its longest cached prefix and prefills
+only the rest. A prompt longer than max_num_batched_tokens can never be scheduled, so such
+requests are rejected at arrival with that reason (vLLM V0 ignores them with a warning).
+A request preempted by recompute re-prefills its prompt plus its generated tokens in one
+step; when that exceeds the budget it is the step's only prefill. long_prefill_token_threshold does
 not apply (nothing is chunked).
 """
 
@@ -56,6 +57,8 @@ class ContinuousPolicy(QueuePolicy):
     def schedule(self, now: float) -> BatchPlan:
         scheduled: dict[Request, int] = {}
         preempted: list[Request] = []
+        if self.lpm:
+            self.order_waiting()
         if not self.swapped:
             self._schedule_prefills(scheduled)
         if not scheduled:
@@ -70,12 +73,15 @@ class ContinuousPolicy(QueuePolicy):
         while len(waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = waiting.peek()
             n = req.num_new_tokens
+            hit = self.prefix_hit(req)  # None without a prefix cache
+            if hit:
+                n -= len(hit) * kv.block_size  # only the uncached tokens are computed
             if n > budget and scheduled:
                 break
             reserve = self.watermark_blocks if self.running else 0
-            if self.blocks_needed(req, n) + reserve > kv.num_free_blocks:
+            if self.blocks_needed(req, n, hit) + reserve > kv.num_free_blocks:
                 break
-            ok = self.allocate(req, n)
+            ok = self.allocate(req, n) if hit is None else self.allocate_cached(req, hit, n)
             assert ok, "checked above"
             self.admit(req)
             scheduled[req] = n
@@ -88,16 +94,10 @@ class ContinuousPolicy(QueuePolicy):
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.num_new_tokens, budget)
-            while not self.allocate(req, n):
-                victim = self.pick_victim()
-                if victim in scheduled:
-                    budget += scheduled.pop(victim)
-                    i -= 1
-                self.preempt(victim)
-                preempted.append(victim)
-                if victim is req:
-                    break
-            else:
+            ok, back, shift = self.allocate_preempting(req, n, scheduled, preempted)
+            budget += back
+            i -= shift
+            if ok:  # else it preempted itself; V0 goes on with the next running request
                 scheduled[req] = n
                 budget -= n
                 i += 1

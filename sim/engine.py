@@ -64,7 +64,8 @@ class SchedulerStuck(RuntimeError):
 
 
 class Scheduler(Protocol):
-    """The engine's view of a policy (see policies/base.py for the full protocol)."""
+    """The engine's view of a policy: policies/base.py documents the contract and adds
+    the optional hooks (rejection_reason, steady_decode, advance)."""
 
     def add_request(self, request: Request) -> None: ...
 
