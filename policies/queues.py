@@ -1,14 +1,15 @@
 """Waiting queues: FCFS (a deque with push-front for preempted requests), priority
 (lower value first, ties by arrival time, as vLLM's ``RequestQueue`` for the priority
 policy), ``sjf`` (shortest prompt first: realizable, the prompt is known at arrival) and
-``oracle-srpt`` (shortest true remaining output first). oracle-srpt reads ``output_len``,
+``oracle-srpt`` (shortest true remaining output first) and ``lpm`` (longest cached prefix
+first, SGLang's cache-aware order; needs a prefix cache). oracle-srpt reads ``output_len``,
 which no real engine knows: it is an unrealizable bound to compare against, not a policy."""
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from sim.request import Request
@@ -50,6 +51,24 @@ class FCFSQueue:
         return iter(self._q)
 
 
+#: SGLang turns ``lpm`` into FCFS while more requests than this wait (the prefix matching
+#: and sorting would cost the scheduler too much; ``schedule_policy.py``).
+LPM_MAX_WAITING = 128
+
+
+class LPMQueue(FCFSQueue):
+    """SGLang's ``lpm``: arrival order, re-sorted once per step by the cached prefix
+    each request would hit, longest first (stable, so ties keep arrival order); left in
+    arrival order while more than LPM_MAX_WAITING wait. Preempted requests go to the
+    head until the next sort."""
+
+    __slots__ = ()
+
+    def order(self, cached_tokens: Callable[[Request], int]) -> None:
+        if 1 < len(self._q) <= LPM_MAX_WAITING:
+            self._q = deque(sorted(self._q, key=lambda r: -cached_tokens(r)))
+
+
 class KeyedQueue:
     """A heap ordered by a key; push_front is a plain push (the key decides), as in
     vLLM's priority queue. Ties fall back to the request's workload index."""
@@ -87,9 +106,13 @@ class KeyedQueue:
 
 
 def make_queue(order: str) -> WaitingQueue:
-    """``fcfs`` | ``priority`` | ``sjf`` (shortest prompt first) | ``oracle-srpt``."""
+    """``fcfs`` | ``priority`` | ``sjf`` (shortest prompt first) | ``oracle-srpt`` |
+    ``lpm`` (the policy re-sorts it each step by cached prefix)."""
     if order == "fcfs":
         return FCFSQueue()
+    if order == "lpm":
+        return LPMQueue()
     if order in ("priority", "sjf", "oracle-srpt"):
         return KeyedQueue(order)
-    raise ValueError(f"queue must be one of fcfs, priority, sjf, oracle-srpt, got {order!r}")
+    raise ValueError(
+        f"queue must be one of fcfs, priority, sjf, oracle-srpt, lpm, got {order!r}")

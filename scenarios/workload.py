@@ -50,6 +50,9 @@ class Workload:
     - ``priority``: int64, lower = more urgent (default 0).
     - ``request_id``: unique strings (default ``"0", "1", ...`` = input row index).
     - ``hash_ids``: optional Mooncake prefix-block hashes (512 tokens per block) per request.
+    - ``prompt_segments``: optional prompt content per request as (segment id, tokens)
+      pairs summing to its num_prompt_tokens (synthetic shared prefixes and sessions; see
+      sim/prefix_cache.py); a prefix cache reads these, or else ``hash_ids``.
     - ``source``: human description of where the workload came from.
 
     Arrays are copied and made read-only at construction. Use ``Workload.from_arrays`` to
@@ -69,6 +72,7 @@ class Workload:
     request_id: tuple[str, ...]
     hash_ids: tuple[tuple[int, ...], ...] | None = None
     source: str = ""
+    prompt_segments: tuple[tuple[tuple[int, int], ...], ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -80,14 +84,20 @@ class Workload:
         if self.hash_ids is not None:
             hashes = tuple(tuple(int(h) for h in row) for row in self.hash_ids)
             object.__setattr__(self, "hash_ids", hashes)
+        if self.prompt_segments is not None:
+            segs = tuple(tuple((int(sid), int(n)) for sid, n in row)
+                         for row in self.prompt_segments)
+            object.__setattr__(self, "prompt_segments", segs)
         self._validate()
 
     def _validate(self) -> None:
         n = len(self.arrival_time)
-        for name in (*_INT_FIELDS, "request_id", "hash_ids"):
+        for name in (*_INT_FIELDS, "request_id", "hash_ids", "prompt_segments"):
             column = getattr(self, name)
             if column is not None and len(column) != n:
                 raise ValueError(f"{name} has {len(column)} entries, arrival_time has {n}")
+        if self.prompt_segments is not None:
+            self._validate_segments()
         for name in _POSITIVE_FIELDS:
             bad = np.flatnonzero(getattr(self, name) < 1)
             if bad.size:
@@ -111,6 +121,21 @@ class Workload:
         if len(set(self.request_id)) != n:
             raise ValueError("request_id values must be unique")
 
+    def _validate_segments(self) -> None:
+        assert self.prompt_segments is not None
+        for i, row in enumerate(self.prompt_segments):
+            total = 0
+            for _, length in row:
+                if length < 1:
+                    raise ValueError(f"prompt_segments[{i}] (request_id "
+                                     f"{self.request_id[i]!r}) has a segment of {length} "
+                                     "tokens; each must be >= 1")
+                total += length
+            if total != self.num_prompt_tokens[i]:
+                raise ValueError(f"prompt_segments[{i}] (request_id {self.request_id[i]!r}) "
+                                 f"sums to {total} tokens, num_prompt_tokens is "
+                                 f"{self.num_prompt_tokens[i]}")
+
     @classmethod
     def from_arrays(
         cls,
@@ -123,6 +148,7 @@ class Workload:
         request_id: Sequence[str] | None = None,
         hash_ids: Sequence[Sequence[int]] | None = None,
         source: str = "",
+        prompt_segments: Sequence[Sequence[tuple[int, int]]] | None = None,
     ) -> Workload:
         """Build a Workload, filling defaults and stable-sorting rows by arrival_time.
 
@@ -137,9 +163,11 @@ class Workload:
         prio = np.zeros(n, dtype=np.int64) if priority is None else np.asarray(priority)
         ids = tuple(str(i) for i in range(n)) if request_id is None else tuple(request_id)
         hashes = None if hash_ids is None else tuple(tuple(h) for h in hash_ids)
+        segs = (None if prompt_segments is None
+                else tuple(tuple(row) for row in prompt_segments))
         for name, column in (("num_prompt_tokens", prompt), ("output_len", out),
                              ("max_tokens", cap), ("priority", prio), ("request_id", ids),
-                             ("hash_ids", hashes)):
+                             ("hash_ids", hashes), ("prompt_segments", segs)):
             if column is not None and len(column) != n:
                 raise ValueError(f"{name} has {len(column)} entries, arrival_time has {n}")
         order = np.argsort(t, kind="stable") if np.any(np.diff(t) < 0) else np.arange(n)
@@ -152,6 +180,7 @@ class Workload:
             request_id=tuple(ids[i] for i in order),
             hash_ids=None if hashes is None else tuple(hashes[i] for i in order),
             source=source,
+            prompt_segments=None if segs is None else tuple(segs[i] for i in order),
         )
 
     def __len__(self) -> int:
@@ -165,6 +194,7 @@ class Workload:
                 for f in ("arrival_time", *_INT_FIELDS))
             and self.request_id == other.request_id
             and self.hash_ids == other.hash_ids
+            and self.prompt_segments == other.prompt_segments
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking columns: not hashable
@@ -178,16 +208,19 @@ class Workload:
         sel = slice(None) if index is None else index
         ids = self.request_id
         hashes = self.hash_ids
+        segs = self.prompt_segments
         if index is not None:
             positions = range(len(self))[sel] if isinstance(sel, slice) else sel
             ids = tuple(ids[int(i)] for i in positions)
             hashes = None if hashes is None else tuple(hashes[int(i)] for i in positions)
+            segs = None if segs is None else tuple(segs[int(i)] for i in positions)
         fields: dict[str, object] = {
             "arrival_time": self.arrival_time[sel],
             **{name: getattr(self, name)[sel] for name in _INT_FIELDS},
             "request_id": ids,
             "hash_ids": hashes,
             "source": self.source,
+            "prompt_segments": segs,
         }
         fields.update(changes)
         return Workload(**fields)  # type: ignore[arg-type]

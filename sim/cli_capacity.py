@@ -185,7 +185,7 @@ def plan(
     router: Annotated[str, typer.Option(
         help="Router of the cluster check.")] = "least-outstanding",
     check_requests: Annotated[int | None, typer.Option(
-        help="Requests per cluster check (default num_requests x min(replicas, 4)).")] = None,
+        help="Requests per cluster check (default num_requests x replicas).")] = None,
     workers: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
     backend: Annotated[str, typer.Option(help="local or ray.")] = "local",
     address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,

@@ -25,6 +25,7 @@ run is deterministic):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -205,7 +206,7 @@ def simulate_cluster(
         policy: Scheduler = policy_factory(config, rep.kv)
         engine = Engine(env, policy=policy, cost_model=cost_model, kv=rep.kv, config=config,
                         arrivals=Inbox(rt, rep), recorder=rep.recorder, on_release=release,
-                        wake=lambda rep=rep: rt.wake_event(rep))
+                        wake=functools.partial(rt.wake_event, rep))
         procs.append(engine.start())
     rt.set_timer()
     done = simpy.AllOf(env, procs)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUEUE_ORDERS = ("fcfs", "priority", "sjf", "oracle-srpt")
+QUEUE_ORDERS = ("fcfs", "priority", "sjf", "oracle-srpt", "lpm")
 PREEMPTION_MODES = ("recompute", "swap")
 KV_ALLOCATIONS = ("paged", "reserve")
+PREFIX_CACHE_MODES = ("none", "block", "radix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,8 @@ class SchedulerConfig:
     kv_bytes_per_block: KV bytes of one block (all layers); required by swap preemption.
     swap_space_bytes: CPU swap space for swapped-out blocks (vLLM V0's swap_space, 4 GiB).
     pcie_bandwidth_bytes_per_s: host <-> GPU copy rate that prices swap transfers.
+    prefix_cache: "none", "block" (vLLM's block-hash cache) or "radix" (SGLang's radix
+      tree); see sim/prefix_cache.py. Needs kv_allocation "paged"; queue "lpm" needs it.
     """
 
     max_num_seqs: int = 256
@@ -42,6 +45,7 @@ class SchedulerConfig:
     kv_bytes_per_block: int | None = None
     swap_space_bytes: int = 4 << 30
     pcie_bandwidth_bytes_per_s: float = 25e9
+    prefix_cache: str = "none"
 
     def __post_init__(self) -> None:
         _at_least("max_num_seqs", self.max_num_seqs, 1)
@@ -51,6 +55,13 @@ class SchedulerConfig:
         _one_of("queue", self.queue, QUEUE_ORDERS)
         _one_of("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _one_of("kv_allocation", self.kv_allocation, KV_ALLOCATIONS)
+        _one_of("prefix_cache", self.prefix_cache, PREFIX_CACHE_MODES)
+        if self.prefix_cache != "none" and self.kv_allocation != "paged":
+            raise ValueError("prefix_cache needs kv_allocation 'paged' (a reservation "
+                             "would cache blocks before their tokens are computed)")
+        if self.queue == "lpm" and self.prefix_cache == "none":
+            raise ValueError("queue 'lpm' (longest cached prefix first) needs a prefix "
+                             "cache: prefix_cache 'block' or 'radix'")
         _at_least("swap_space_bytes", self.swap_space_bytes, 0)
         if self.kv_bytes_per_block is not None:
             _at_least("kv_bytes_per_block", self.kv_bytes_per_block, 1)

@@ -116,12 +116,12 @@ def with_load(cfg: RunConfig, load_axis: str, load: float, seed: int) -> RunConf
 def run_probe(task: ProbeTask) -> Probe:
     """Simulate ``task.config`` and judge it (top-level: runs in workers)."""
     cfg, slo = task.config, task.slo
-    load = float(cfg.concurrency if task.load_axis == "concurrency" else cfg.rate or 0.0)
-    head = {"load": load, "seed": cfg.seed, "replicas": cfg.replicas}
+    raw = cfg.concurrency if task.load_axis == "concurrency" else cfg.rate
+    load, seed, replicas = float(raw or 0.0), cfg.seed, cfg.replicas
     try:
         result = simulate_prepared(prepare(cfg))
     except (ValueError, FileNotFoundError, SchedulerStuck) as e:
-        return Probe(**head, error=str(e))
+        return Probe(load, seed, replicas, error=str(e))
     req, s = result.requests, result.summary
     ttft, tpot = req["ttft_s"].to_numpy(), req["tpot_s"].to_numpy()
     done = req["status"].to_numpy() == "finished"
@@ -132,7 +132,7 @@ def run_probe(task: ProbeTask) -> Probe:
     fin_ttft, fin_tpot = ttft[done], tpot[done]
     fin_tpot = fin_tpot[np.isfinite(fin_tpot)]
     return Probe(
-        **head, throughput_rps=s["throughput"]["requests_per_s"],
+        load, seed, replicas, throughput_rps=s["throughput"]["requests_per_s"],
         ttft_attainment=att_ttft, tpot_attainment=att_tpot,
         p_ttft_s=_percentile(fin_ttft, slo.percentile),
         p_tpot_s=_percentile(fin_tpot, slo.percentile),
@@ -404,8 +404,8 @@ def cluster_check(spec: PlanSpec, c: ConfigResult, replicas: int,
                   runner: Runner) -> ClusterCheck:
     """Simulate ``replicas`` replicas of config ``c`` behind the router at the target."""
     assert spec.target is not None
-    per = spec.base.num_requests or 2000
-    n = spec.check_requests or per * min(replicas, 4)
+    # Each replica sees about as many requests as a single-replica probe did.
+    n = spec.check_requests or (spec.base.num_requests or 2000) * replicas
     cfg = dataclasses.replace(c.config, replicas=replicas, router=spec.router,
                               num_requests=n)
     target = math.ceil(spec.target) if spec.load_axis == "concurrency" else spec.target
@@ -472,7 +472,8 @@ def run_loop(task: LoopTask) -> LoopRun:
     try:
         res = simulate_prepared(prepare(cfg))
     except (ValueError, FileNotFoundError, SchedulerStuck) as e:
-        return LoopRun(task.kind, task.load, 0, 0.0, *([None] * 7), False, str(e))
+        return LoopRun(task.kind, task.load, 0, 0.0, None, None, None, None, None, None,
+                       None, False, str(e))
     req = res.requests
     n, trim = len(req), task.trim
     if n <= 2 * trim + 10:

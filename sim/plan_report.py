@@ -195,8 +195,8 @@ def method_lines(res: PlanResult) -> list[str]:
         "Cluster check: replicas start at ceil(target / median), one more while the cluster "
         "fails on any seed, one fewer while it still passes (not below ceil(target / max)); "
         f"the router is {spec.router}; each check simulates "
-        f"{'--check-requests' if spec.check_requests else 'num_requests x min(replicas, 4)'}"
-        " requests.",
+        f"{spec.check_requests if spec.check_requests else 'num_requests x replicas'}"
+        " requests (with a trace, at most the whole trace).",
         "Burstiness: the chosen config at the per-replica operating load "
         f"({res.operating_load:.4g} {_unit(res)}) under gamma arrivals of shape k in "
         f"{list(BURSTINESS_LEVELS)} (CV of the gaps 1/sqrt(k); k = 1 is Poisson).",

@@ -59,6 +59,14 @@ class Request:
     num_swapped_blocks: int = 0
     # Preemptions by swap (each also counts in num_preemptions).
     num_swaps: int = 0
+    # Prefix caching (issue 9; sim/prefix_cache.py). What the prompt says, without its
+    # tokens: (segment id, tokens) pairs summing to num_prompt_tokens; None = content
+    # unknown (the prompt is shared with no other request).
+    prompt_segments: tuple[tuple[int, int], ...] | None = None
+    # Chain hashes of the request's full blocks, computed lazily by a prefix cache.
+    block_hashes: list[int] | None = None
+    # Prompt tokens found in the prefix cache at the first admission (vLLM's name).
+    num_cached_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -23,6 +23,10 @@ idle gaps of an engine and for a whole cluster):
   requests can look like growth, stay under the floor; a queue that grows without bound
   clears it as soon as the window is long compared with the request latencies (the rule
   cannot tell a mild overload in a short run from chance: more requests, a longer window).
+  A gross overload needs no statistics: when fewer than SERVED_FLOOR of the requests that
+  arrived over the half left it, growth of MIN_GROWTH requests is enough. (A run whose
+  window is shorter than its requests' latencies, still filling up when arrivals stop, is
+  then flagged too: it never reached a steady state either.)
 
 A closed loop (a fixed number of users) can never saturate by this rule: N(t) is bounded
 by the number of users. That is the point of the rule, not a gap in it: a closed loop
@@ -49,6 +53,9 @@ NOISE_MULTIPLE = 2.0
 POISSON_Z = 3.0
 """Growth must exceed POISSON_Z * sqrt(2 L), L = mean requests in the system."""
 
+SERVED_FLOOR = 0.5
+"""Served / arrived over the second half below which any growth >= MIN_GROWTH counts."""
+
 GRID_POINTS = 200
 """Samples of N(t) the line is fitted to."""
 
@@ -56,7 +63,8 @@ RULE = (f"saturated when the number of requests in the system grows, over the se
         f"of the arrival window, faster than {GROWTH_FRACTION:.0%} of the offered rate "
         f"(least-squares slope) and by more than a noise floor: max({MIN_GROWTH} requests, "
         f"{NOISE_MULTIPLE:g} x the sd of its fluctuation about that line, "
-        f"{POISSON_Z:g} x sqrt(2 x its mean))")
+        f"{POISSON_Z:g} x sqrt(2 x its mean)), or by at least {MIN_GROWTH} requests while "
+        f"fewer than {SERVED_FLOOR:.0%} of the requests arriving in that half left it")
 
 
 def _not_measured(reason: str) -> dict[str, Any]:
@@ -89,7 +97,10 @@ def saturation_summary(requests: pd.DataFrame) -> dict[str, Any]:
     served = int(np.searchsorted(dep, t1, "right") - np.searchsorted(dep, mid, "right"))
     level = float(in_system.mean())
     floor = max(float(MIN_GROWTH), NOISE_MULTIPLE * noise, POISSON_Z * math.sqrt(2 * level))
-    saturated = bool(slope > GROWTH_FRACTION * offered and growth > floor)
+    served_fraction = served / arrived if arrived else None
+    gross = served_fraction is not None and served_fraction < SERVED_FLOOR
+    saturated = bool(slope > GROWTH_FRACTION * offered and growth >= MIN_GROWTH
+                     and (growth > floor or gross))
     return {
         "saturated": saturated,
         "latency_steady_state": not saturated,
@@ -104,6 +115,6 @@ def saturation_summary(requests: pd.DataFrame) -> dict[str, Any]:
             "fluctuation_sd": noise,
             "mean_in_system": level,
             "noise_floor": floor,
-            "served_fraction": served / arrived if arrived else None,
+            "served_fraction": served_fraction,
         },
     }

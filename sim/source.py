@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from sim.request import Request
+
+#: A prompt's content for prefix caching, by workload row (see sim/prefix_cache.py):
+#: (segment id, tokens) pairs, or None when unknown. Called once per request, at arrival.
+ContentFn = Callable[[int], "tuple[tuple[int, int], ...] | None"]
 
 
 class ArrivalSource(Protocol):
@@ -30,10 +34,11 @@ class ColumnArrivals:
     """An ArrivalSource over column arrays (the shape of scenarios.Workload).
 
     arrival_time: float seconds, non-decreasing; token columns int >= 1; all of length N.
-    Request ``index`` is the position in these columns.
+    Request ``index`` is the position in these columns. ``content`` (prefix caching only)
+    gives each request's ``prompt_segments`` as it arrives.
     """
 
-    __slots__ = ("_i", "_ids", "_m", "_n", "_o", "_p", "_prio", "_t")
+    __slots__ = ("_content", "_i", "_ids", "_m", "_n", "_o", "_p", "_prio", "_t")
 
     def __init__(
         self,
@@ -43,8 +48,10 @@ class ColumnArrivals:
         max_tokens: Sequence[int] | np.ndarray,
         priority: Sequence[int] | np.ndarray | None = None,
         request_id: Sequence[str] | None = None,
+        content: ContentFn | None = None,
     ) -> None:
         n = len(arrival_time)
+        self._content = content
         self._t = [float(x) for x in arrival_time]
         self._p = [int(x) for x in num_prompt_tokens]
         self._o = [int(x) for x in output_len]
@@ -65,11 +72,13 @@ class ColumnArrivals:
     def pop_arrived(self, now: float) -> list[Request]:
         i, n, t = self._i, self._n, self._t
         out: list[Request] = []
+        content = self._content
         while i < n and t[i] <= now:
             rid = self._ids[i] if self._ids is not None else str(i)
-            out.append(
-                Request(rid, t[i], self._p[i], self._o[i], self._m[i], self._prio[i], i)
-            )
+            req = Request(rid, t[i], self._p[i], self._o[i], self._m[i], self._prio[i], i)
+            if content is not None:
+                req.prompt_segments = content(i)
+            out.append(req)
             i += 1
         self._i = i
         return out
@@ -112,7 +121,8 @@ class ClosedLoopArrivals:
     of different lengths.
     """
 
-    __slots__ = ("_ids", "_m", "_n", "_next", "_o", "_p", "_pending", "_prio", "_think")
+    __slots__ = ("_content", "_ids", "_m", "_n", "_next", "_o", "_p", "_pending", "_prio",
+                 "_think")
 
     def __init__(
         self,
@@ -123,7 +133,9 @@ class ClosedLoopArrivals:
         think_time_s: float = 0.0,
         priority: Sequence[int] | np.ndarray | None = None,
         request_id: Sequence[str] | None = None,
+        content: ContentFn | None = None,
     ) -> None:
+        self._content = content
         if int(concurrency) != concurrency or concurrency < 1:
             raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         if not (think_time_s >= 0 and math.isfinite(think_time_s)):
@@ -156,7 +168,10 @@ class ClosedLoopArrivals:
         while pending and pending[0][0] <= now:
             t, i = heapq.heappop(pending)
             rid = self._ids[i] if self._ids is not None else str(i)
-            out.append(Request(rid, t, self._p[i], self._o[i], self._m[i], self._prio[i], i))
+            req = Request(rid, t, self._p[i], self._o[i], self._m[i], self._prio[i], i)
+            if self._content is not None:
+                req.prompt_segments = self._content(i)
+            out.append(req)
         return out
 
     def release(self, req: Request, now: float) -> None:

@@ -83,7 +83,8 @@ class Grid:
         unknown = set(values) - set(AXES)
         if unknown:
             raise ValueError(f"unknown sweep axis: {', '.join(sorted(unknown))}")
-        axes = {n: parse_values(n, values[n]) for n in AXES if values.get(n) is not None}
+        given = {n: v for n, v in values.items() if v is not None}
+        axes = {n: parse_values(n, given[n]) for n in AXES if n in given}
         if all(a in axes for a in LOAD_AXES):
             raise ValueError("sweep rate (open loop) or concurrency (closed loop), not both")
         seed_values = parse_values("seeds", seeds, int)

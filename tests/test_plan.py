@@ -1,0 +1,109 @@
+"""``servesim plan``: the load search (bracket, then bisect), the capacity interval over
+seeds, the cluster confirmation, the reports (answer first) and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.plan import SLO, Probe, ProbeTask, SearchTask, _next_load, run_probe, search, with_load
+from sim.runner import RunConfig
+
+runner = CliRunner()
+STEP = 0.01
+
+
+def fixed_trace(tmp_path: Path, n: int = 400) -> Path:
+    path = tmp_path / "fixed.csv"
+    path.write_text("arrival_time,num_prompt_tokens,output_len\n"
+                    + "".join(f"{i},64,{8 + i % 9}\n" for i in range(n)))
+    return path
+
+
+def base(tmp_path: Path) -> RunConfig:
+    return RunConfig(trace=str(fixed_trace(tmp_path)), num_requests=150, step_time=STEP,
+                     max_num_seqs=8)
+
+
+def test_next_load_brackets_then_bisects() -> None:
+    ok, bad = Probe(load=4.0, seed=0, feasible=True), Probe(load=8.0, seed=0)
+    assert _next_load(ok, None, False, 0.02) == 8.0  # double while feasible
+    assert _next_load(None, bad, False, 0.02) == 4.0  # halve while infeasible
+    assert _next_load(ok, bad, False, 0.02) == 6.0  # then bisect
+    assert _next_load(ok, Probe(load=4.05, seed=0), False, 0.02) is None  # within 2%
+    assert _next_load(Probe(load=4, seed=0, feasible=True), Probe(load=5, seed=0), True,
+                      0.02) is None  # integers: adjacent
+    assert _next_load(None, Probe(load=1, seed=0), True, 0.02) is None  # 1 user fails
+
+
+def test_search_finds_the_boundary_within_tolerance(tmp_path: Path) -> None:
+    slo = SLO(ttft_s=0.1, tpot_s=None)
+    res = search(SearchTask(0, base(tmp_path), seed=0, slo=slo, start=4.0, tolerance=0.05))
+    assert res.sustainable > 0 and res.upper is not None
+    assert res.upper - res.sustainable <= 0.05 * res.sustainable
+    feasible = [p for p in res.probes if p.feasible]
+    assert max(p.load for p in feasible) == res.sustainable
+    assert all(not p.feasible for p in res.probes if p.load >= res.upper)
+    # Re-probing the answer gives the same verdict: the probe is deterministic.
+    again = run_probe(ProbeTask(with_load(base(tmp_path), "rate", res.sustainable, 0), slo,
+                                "rate"))
+    assert again.feasible and again.ttft_attainment >= 0.99
+
+
+def test_cli_plan_answer_first_with_interval_and_cluster_check(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    res = runner.invoke(app, [
+        "plan", "--trace", str(fixed_trace(tmp_path)), "--num-requests", "150",
+        "--step-time", str(STEP), "--max-num-seqs", "4,8", "--seeds", "0,1",
+        "--slo-ttft", "0.1", "--slo-tpot", "0.02", "--target-rate", "100", "--start", "8",
+        "--workers", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "One replica sustains" in res.output and "GPUs" in res.output
+    md = (out / "capacity.md").read_text()
+    sections = [md.index(h) for h in ("## Answer", "## Configs compared", "## Cluster checks",
+                                      "## Sensitivity to burstiness",
+                                      "## Open vs closed loop", "## Method")]
+    assert sections == sorted(sections)
+    plan = json.loads((out / "plan.json").read_text())
+    best = plan["configs"][plan["best_config"]]
+    med, lo, hi = best["interval"]
+    assert 0 < lo <= med <= hi and best["knobs"] == {"max_num_seqs": 8}
+    r = plan["replicas"]
+    checks = plan["cluster_checks"][str(plan["best_config"])]
+    assert any(c["replicas"] == r and c["passes"] for c in checks)
+    assert not any(c["replicas"] < r and c["passes"] for c in checks)
+    assert r * med >= 100 * 0.8  # the cluster is about target / per-replica capacity
+    loops = plan["open_vs_closed"]
+    assert [x["kind"] for x in loops] == ["closed", "open"]
+    assert loops[1]["throughput_rps"] == pytest.approx(loops[0]["throughput_rps"], rel=0.15)
+    html = (out / "capacity.html").read_text()
+    assert html.index("Answer") < html.index("Configs compared")
+    assert html.count("<script type='text/javascript'>") == 1
+
+
+def test_cli_plan_concurrency_axis(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    res = runner.invoke(app, [
+        "plan", "--trace", str(fixed_trace(tmp_path)), "--num-requests", "150",
+        "--step-time", str(STEP), "--max-num-seqs", "8", "--seeds", "0",
+        "--slo-ttft", "0.1", "--load", "concurrency", "--target-concurrency", "30",
+        "--workers", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["load_axis"] == "concurrency" and plan["replicas"] >= 2
+    assert "users" in (out / "capacity.md").read_text()
+
+
+@pytest.mark.parametrize(("args", "word"), [
+    ([], "SLO"),
+    (["--slo-ttft", "1", "--target-concurrency", "4"], "--load concurrency"),
+    (["--slo-ttft", "1", "--slo-percentile", "120"], "slo_percentile"),
+    (["--slo-ttft", "1", "--rate", "3"], "No such option"),
+])
+def test_cli_plan_bad_input(tmp_path: Path, args: list[str], word: str) -> None:
+    res = runner.invoke(app, ["plan", "--num-requests", "10", "--out", str(tmp_path), *args])
+    assert res.exit_code != 0 and word in res.output, res.output

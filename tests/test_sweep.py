@@ -1,0 +1,122 @@
+"""``servesim sweep``: the grid, common random numbers, parallel cells in grid order,
+byte-identical reruns, sweep.csv / sweep.html, failed cells, and the Ray backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from sim.backends import Executor, map_ordered
+from sim.cli import app
+from sim.runner import RunConfig, prepare
+from sim.sweep import METRICS, Grid, cell_tasks, run_sweep
+from tests.conftest import shared_path
+
+runner = CliRunner()
+BASE = RunConfig(num_requests=60, step_time=0.02, max_num_seqs=8)
+
+
+def test_grid_is_the_product_in_axis_order() -> None:
+    grid = Grid.parse({"rate": "2,4", "max_num_seqs": "8,16,32"}, "0,1")
+    assert list(grid.axes) == ["max_num_seqs", "rate"]  # AXES order, not argument order
+    assert len(grid.cells()) == 6 and grid.load_axis == "rate"
+    tasks = cell_tasks(BASE, grid)
+    assert [(t.cell, t.seed) for t in tasks[:3]] == [(0, 0), (0, 1), (1, 0)]
+    assert tasks[2].config.max_num_seqs == 8 and tasks[2].config.rate == 4.0
+
+
+@pytest.mark.parametrize(("values", "seeds", "word"), [
+    ({"max_num_seqs": "8,x"}, "0", "max_num_seqs"),
+    ({"max_num_seqs": "8,8"}, "0", "repeated"),
+    ({"rate": "1", "concurrency": "2"}, "0", "not both"),
+    ({"gpu_memory_utilization": ""}, "0", "gpu_memory_utilization"),
+    ({}, "-1", "seeds"),
+])
+def test_grid_errors(values: dict, seeds: str, word: str) -> None:
+    with pytest.raises(ValueError, match=word):
+        Grid.parse(values, seeds)
+
+
+def test_common_random_numbers_across_rates() -> None:
+    trace = str(shared_path("traces", "AzureLLMInferenceTrace_conv.csv"))
+    base = dataclasses.replace(BASE, trace=trace, num_requests=200)
+    a, b = (prepare(t.config).workload for t in
+            cell_tasks(base, Grid.parse({"rate": "2,8"}, "3")))
+    assert np.array_equal(a.num_prompt_tokens, b.num_prompt_tokens)
+    assert np.allclose(a.arrival_time, 4 * b.arrival_time)  # same draws, gaps rescaled
+
+
+def test_failed_cell_gives_an_error_row_not_a_failed_sweep() -> None:
+    base = RunConfig(num_requests=20, model="llama-3.1-70b", tensor_parallel_size=4)
+    df = run_sweep(base, Grid.parse({"gpu_memory_utilization": "0.9,0.3"}), workers=1)
+    assert list(df["error"] == "") == [True, False]
+    assert "gpu_memory_utilization" in df["error"][1] and pd.isna(df["throughput_rps"][1])
+
+
+def test_cli_sweep_writes_csv_and_offline_html_and_reruns_identically(tmp_path: Path) -> None:
+    args = ["sweep", "--num-requests", "60", "--step-time", "0.02", "--max-num-seqs", "4,16",
+            "--rate", "5,40", "--seeds", "0,1", "--workers", "2", "--slo-ttft", "0.5"]
+    first = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    assert "4 cells x 2 seed(s) = 8 runs" in first.output
+    df = pd.read_csv(tmp_path / "a" / "sweep.csv", keep_default_na=False)
+    assert list(df.columns) == ["cell", "seed", "max_num_seqs", "rate", *METRICS, "error"]
+    assert len(df) == 8 and list(df["seed"]) == [0, 1] * 4
+    # 4 slots at 40 req/s of 0.02 s steps cannot keep up: flagged in the csv and table.
+    sat = df.set_index(["max_num_seqs", "rate"])["saturated"]
+    assert sat[(4, 40.0)].tolist() == [True, True] and not sat[(16, 5.0)].any()
+    html = (tmp_path / "a" / "sweep.html").read_text()
+    assert html.count("<script type='text/javascript'>") == 1  # plotly.js inline, once
+    assert "<script src=" not in html and "Heatmaps" in html and "SAT" in html
+    second = runner.invoke(app, [*args, "--workers", "1", "--out", str(tmp_path / "b")])
+    assert second.exit_code == 0, second.output
+    assert (tmp_path / "a" / "sweep.csv").read_bytes() == \
+        (tmp_path / "b" / "sweep.csv").read_bytes()
+
+
+def test_cli_sweep_closed_loop_axis(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["sweep", "--num-requests", "40", "--step-time", "0.02",
+                              "--concurrency", "1,4", "--think-time", "0.1", "--workers", "1",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "sweep.csv")
+    assert list(df["concurrency"]) == [1, 4] and df["offered_rate"].isna().all()
+    assert df["throughput_rps"][1] > df["throughput_rps"][0]
+
+
+def test_cli_sweep_bad_input(tmp_path: Path) -> None:
+    for args, word in ((["--max-num-seqs", "a"], "max_num_seqs"),
+                       (["--trace", str(tmp_path / "none.csv")], "none.csv"),
+                       (["--backend", "slurm"], "backend")):
+        res = runner.invoke(app, ["sweep", "--num-requests", "5", "--out", str(tmp_path),
+                                  *args])
+        assert res.exit_code == 1 and word in res.output, res.output
+
+
+def test_executor_keeps_item_order() -> None:
+    assert map_ordered(abs, [-3, 1, -2, 5], workers=2) == [3, 1, 2, 5]
+    with Executor(1) as ex:
+        assert ex.map(abs, [-1, -2]) == [1, 2]
+    with pytest.raises(ValueError, match="address"):
+        Executor(2, "local", address="ray://x")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="ray is not installed (pip install 'servesim[ray]')")
+def test_ray_backend_matches_local() -> None:
+    import ray
+
+    grid = Grid.parse({"max_num_seqs": "4,16", "rate": "5,40"}, "0,1")
+    local = run_sweep(BASE, grid, workers=2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = run_sweep(BASE, grid, backend="ray")
+    finally:
+        ray.shutdown()
+    pd.testing.assert_frame_equal(local, remote)
