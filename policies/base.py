@@ -19,6 +19,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 from policies.queues import LPMQueue, make_queue
 from sim.batch import BatchPlan, BatchShape, SteadyDecode
 from sim.config import SchedulerConfig
+from sim.decode_group import DecodeGroup
 from sim.engine import Scheduler
 from sim.kv_cache import KVCacheManager
 from sim.prefix_cache import PrefixCachingKV
@@ -53,6 +54,9 @@ class QueuePolicy:
         # The prefix cache (issue 9), when the pool is one: admissions reuse its hits.
         self.prefix_cache = kv if isinstance(kv, PrefixCachingKV) else None
         self.lpm = isinstance(self.waiting, LPMQueue) and self.prefix_cache is not None
+        # Lazily advanced steady decoders at the head of running (sim/decode_group.py),
+        # when the policy opts in and the engine hands one over.
+        self.decode_group: DecodeGroup | None = None
 
     def add_request(self, request: Request) -> None:
         self.waiting.push(request)
@@ -118,11 +122,19 @@ class QueuePolicy:
         return self.kv.allocate_up_to(req, self.target_tokens(req, num_new_tokens)) is not None
 
     # -- prefix caching (sim/prefix_cache.py) --
-    def prefix_hit(self, req: Request) -> list[int] | None:
+    def prefix_hit(self, req: Request, whole: bool = False, reserve: int = 0
+                   ) -> list[int] | None:
         """The cached blocks a waiting request would reuse ([] for none), or None when
-        there is no prefix cache (then admit with ``allocate`` as always)."""
+        there is no prefix cache (then admit with ``allocate`` as always). ``whole``:
+        admission needs blocks for all its tokens plus ``reserve`` free; then [] when
+        that certainly fails, without a lookup (the admission fails all the same)."""
         cache = self.prefix_cache
-        return None if cache is None else cache.get_computed_blocks(req)
+        if cache is None:
+            return None
+        if whole and not cache.may_fit(req, self.target_tokens(req, req.num_new_tokens),
+                                       reserve):
+            return []
+        return cache.get_computed_blocks(req)
 
     def allocate_cached(self, req: Request, hit: list[int], num_new_tokens: int) -> bool:
         """Admit ``req`` through the prefix cache: reuse ``hit`` (from ``prefix_hit``) and
@@ -177,6 +189,8 @@ class QueuePolicy:
         and park it in ``swapped``. Otherwise (recompute, or swap space full): free the
         blocks, forget computed tokens (generated tokens are kept and recomputed) and put
         it at the head of waiting."""
+        if self.decode_group is not None and req in self.decode_group:
+            self.decode_group.remove(req)
         self.running.remove(req)
         num_blocks = self.kv.blocks_for(req.num_computed_tokens)
         self.kv.free(req)
@@ -251,12 +265,57 @@ class QueuePolicy:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
 
-    def make_plan(self, scheduled: dict[Request, int], preempted: list[Request]) -> BatchPlan:
-        """The step's BatchPlan. Swap transfers done while planning are charged to this
-        step (vLLM V0 copies blocks before the forward pass), or to the next step that
-        runs when this one schedules nothing."""
+    def make_plan(self, scheduled: dict[Request, int], preempted: list[Request],
+                  group: DecodeGroup | None = None) -> BatchPlan:
+        """The step's BatchPlan (``group``: a decode group whose members also run). Swap
+        transfers done while planning are charged to this step (vLLM V0 copies blocks
+        before the forward pass), or to the next step that runs when this one schedules
+        nothing."""
         extra = 0.0
-        if scheduled and self._transfer_bytes:
+        if (scheduled or group) and self._transfer_bytes:
             extra = self._transfer_bytes / self.config.pcie_bandwidth_bytes_per_s
             self._transfer_bytes = 0
-        return BatchPlan(list(scheduled.items()), preempted, self.running, extra_time_s=extra)
+        return BatchPlan(list(scheduled.items()), preempted, self.running, extra_time_s=extra,
+                         group=group)
+
+    # -- lazy decodes (sim/decode_group.py): opt-in for policies whose victims are
+    # always the tail of running, so group members (the head) are never preempted --
+    def group_step(self, now: float) -> tuple[int, int]:
+        """Grow the decode group over the head of running, then give each member its one
+        token for this step: their blocks are allocated here, first, as running order
+        wants. Returns (token budget left, running entries covered). When the budget or
+        the free blocks cannot cover every member the group dissolves and the step is
+        planned request by request (where vLLM's preemption rules apply)."""
+        budget = self.config.max_num_batched_tokens
+        group = self.decode_group
+        if group is None:
+            return budget, 0
+        running = self.running
+        while len(group) < len(running) and group.can_join(running[len(group)], now):
+            group.add(running[len(group)])
+        n = len(group)
+        if not n:
+            return budget, 0
+        if n > budget or group.allocate_for_steps(1, self.kv.num_free_blocks) is None:
+            group.dissolve()
+            return budget, 0
+        return budget - n, n
+
+    def group_steady_decode(self, now: float) -> SteadyDecode | None:
+        """iteration_steady_decode for a policy with a decode group: steady when the group
+        (grown first) covers every running request."""
+        group = self.decode_group
+        if group is None:
+            return self.iteration_steady_decode()
+        running = self.running
+        while len(group) < len(running) and group.can_join(running[len(group)], now):
+            group.add(running[len(group)])
+        n = len(group)
+        if not n:
+            return self.iteration_steady_decode()
+        cfg = self.config
+        if (n < len(running) or self.swapped or n > cfg.max_num_batched_tokens
+                or (len(self.waiting) and n < cfg.max_num_seqs)):
+            return None
+        return SteadyDecode(group.members, running, BatchShape(0, 0, 0, 0, n, group.ctx_sum, n),
+                            n, group)

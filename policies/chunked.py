@@ -27,6 +27,7 @@ from typing import ClassVar
 
 from policies.base import QueuePolicy
 from sim.batch import BatchPlan, SteadyDecode
+from sim.decode_group import DecodeGroup
 from sim.request import Request
 
 
@@ -35,9 +36,15 @@ class ChunkedPolicy(QueuePolicy):
 
     name: ClassVar[str] = "chunked"
 
-    def steady_decode(self) -> SteadyDecode | None:
+    def attach_decode_group(self, group: DecodeGroup) -> None:
+        """Opt in to lazy decodes (sim/decode_group.py) where the preemption victim is
+        always the tail of running and no prefix cache hashes decode blocks."""
+        if self.config.queue != "priority" and self.prefix_cache is None:
+            self.decode_group = group
+
+    def steady_decode(self, now: float) -> SteadyDecode | None:
         """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""
-        return self.iteration_steady_decode()
+        return self.group_steady_decode(now)
 
     def schedule(self, now: float) -> BatchPlan:
         cfg = self.config
@@ -48,20 +55,23 @@ class ChunkedPolicy(QueuePolicy):
             threshold = 0
         scheduled: dict[Request, int] = {}
         preempted: list[Request] = []
-        budget = self._schedule_running(scheduled, preempted, threshold)
+        budget, start = self.group_step(now)
+        budget = self._schedule_running(scheduled, preempted, threshold, budget, start)
         if not preempted:
             budget = self.resume_swapped(scheduled, budget)
             if not self.swapped:
                 self._schedule_waiting(scheduled, budget, threshold)
-        return self.make_plan(scheduled, preempted)
+        return self.make_plan(scheduled, preempted, self.decode_group if start else None)
 
     def _schedule_running(
-        self, scheduled: dict[Request, int], preempted: list[Request], threshold: int
+        self, scheduled: dict[Request, int], preempted: list[Request], threshold: int,
+        budget: int, start: int,
     ) -> int:
-        budget = self.config.max_num_batched_tokens
+        """Running requests from index ``start`` on (the ones before are the decode
+        group's, already given their token) in order, under ``budget``."""
         max_len = self.config.max_model_len
         running = self.running
-        i = 0
+        i = start
         bs = self.kv.block_size
         while i < len(running) and budget > 0:
             req = running[i]
@@ -96,7 +106,7 @@ class ChunkedPolicy(QueuePolicy):
         while len(waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting.peek()
             n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-            hit = self.prefix_hit(req)  # None without a prefix cache
+            hit = self.prefix_hit(req, cfg.scheduler_reserve_full_isl)  # None: no cache
             if hit:
                 n -= len(hit) * kv.block_size  # only the uncached tokens are computed
             if threshold and n > threshold:

@@ -50,7 +50,7 @@ class ContinuousPolicy(QueuePolicy):
                     f"({budget}): continuous batching never chunks a prompt")
         return super().rejection_reason(req)
 
-    def steady_decode(self) -> SteadyDecode | None:
+    def steady_decode(self, now: float) -> SteadyDecode | None:
         """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""
         return self.iteration_steady_decode()
 
@@ -73,12 +73,12 @@ class ContinuousPolicy(QueuePolicy):
         while len(waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = waiting.peek()
             n = req.num_new_tokens
-            hit = self.prefix_hit(req)  # None without a prefix cache
+            reserve = self.watermark_blocks if self.running else 0
+            hit = self.prefix_hit(req, True, reserve)  # None without a prefix cache
             if hit:
                 n -= len(hit) * kv.block_size  # only the uncached tokens are computed
             if n > budget and scheduled:
                 break
-            reserve = self.watermark_blocks if self.running else 0
             if self.blocks_needed(req, n, hit) + reserve > kv.num_free_blocks:
                 break
             ok = self.allocate(req, n) if hit is None else self.allocate_cached(req, hit, n)

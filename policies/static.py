@@ -42,7 +42,7 @@ class StaticPolicy(QueuePolicy):
                            decode_context_tokens=b * (self._max_prompt + self._num_decodes))
         return BatchPlan(live, [], self.running, shape)
 
-    def steady_decode(self) -> SteadyDecode | None:
+    def steady_decode(self, now: float) -> SteadyDecode | None:
         """Between a batch's prefill and its first finish every step decodes the same
         live members and charges the whole batch (sim/fastpath.py)."""
         if not self.running:

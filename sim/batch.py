@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from sim.decode_group import DecodeGroup
     from sim.request import Request
 
 
@@ -60,6 +61,8 @@ class BatchPlan:
     cost_shape: the shape to charge when it differs from what ``scheduled`` implies
       (static batching pads prompts and keeps computing finished members); None = derive.
     extra_time_s: time added to the step on top of the cost model (e.g. swap transfers).
+    group: a DecodeGroup whose every member also computes and samples one token this step
+      (not listed in ``scheduled``; its blocks for the step are already allocated).
     """
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
@@ -67,9 +70,10 @@ class BatchPlan:
     holders: Sequence[Request] | None = None
     cost_shape: BatchShape | None = None
     extra_time_s: float = 0.0
+    group: DecodeGroup | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.scheduled)
+        return bool(self.scheduled) or bool(self.group)
 
     @property
     def num_slots_held(self) -> int:
@@ -103,9 +107,11 @@ class SteadyDecode:
     every step schedules exactly one token for each of ``requests`` (in that order) and
     nothing else, with ``holders`` holding the slots, and is priced as the decode-only
     ``shape`` whose ``decode_context_tokens`` grows by ``context_growth`` per step.
-    The engine may then advance many such steps at once (sim/fastpath.py)."""
+    The engine may then advance many such steps at once (sim/fastpath.py). With
+    ``group`` set, ``requests`` are that DecodeGroup's members (lazily advanced)."""
 
     requests: Sequence[Request]
     holders: Sequence[Request]
     shape: BatchShape
     context_growth: int
+    group: DecodeGroup | None = None

@@ -26,6 +26,7 @@ import simpy
 from sim.batch import BatchPlan, BatchShape, SteadyDecode, shape_of
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
+from sim.decode_group import DecodeGroup
 from sim.fastpath import MAX_RUN_STEPS, remaining_steps, safe_steps, step_times
 from sim.kv_cache import KVCacheManager
 from sim.metrics import Recorder
@@ -81,6 +82,13 @@ class Scheduler(Protocol):
     def stuck_request(self) -> Request | None: ...
 
 
+def _finish(req: Request) -> None:
+    """Mark a request done generating: "stop" when it produced output_len tokens (the
+    workload's own end), else "length" (max_tokens or max_model_len reached)."""
+    req.finish_reason = "stop" if req.num_output_tokens >= req.output_len else "length"
+    req.status = RequestStatus.FINISHED
+
+
 class Engine:
     """One replica: a policy, a KV cache, a cost model, fed by an arrival source.
 
@@ -112,6 +120,9 @@ class Engine:
         steady = getattr(policy, "steady_decode", None)
         every_step = observer is not None or wake is not None or executor is not None
         self._steady = steady if fast_path and not every_step else None
+        attach = getattr(policy, "attach_decode_group", None)
+        if fast_path and not every_step and attach is not None:
+            attach(DecodeGroup(kv, config.max_model_len))
 
     def start(self) -> simpy.Process:
         return self.env.process(self.process())
@@ -160,7 +171,7 @@ class Engine:
             for req in arrivals.pop_arrived(now):
                 self._admit(req)
             if self._steady is not None:
-                run = self._steady()
+                run = self._steady(now)
                 ahead = self._plan_run(run, now) if run is not None else None
                 if ahead is not None:
                     yield env.timeout(ahead[0][-1] - now)
@@ -168,7 +179,8 @@ class Engine:
                     idle_schedules = stall_steps = 0
                     continue
             plan = policy.schedule(now)
-            if not plan.scheduled:
+            group = plan.group
+            if not plan.scheduled and not group:
                 nxt = arrivals.next_arrival_time()
                 if policy.has_unfinished_requests():
                     idle_schedules += 1
@@ -192,6 +204,14 @@ class Engine:
                 last_preempted = plan.preempted[-1]
             sampled_before = self._num_sampled
             shape = shape_of(plan.scheduled)
+            n_group = len(group) if group is not None else 0
+            if n_group:
+                shape = BatchShape(
+                    shape.num_prefill_tokens, shape.num_prefill_seqs,
+                    shape.prefill_context_tokens, shape.prefill_attention_pairs,
+                    shape.num_decode_seqs + n_group,
+                    shape.decode_context_tokens + group.ctx_sum,  # type: ignore[union-attr]
+                    shape.num_sampled_seqs + n_group)
             if self.executor is None:
                 dt = self.cost_model.step_time(plan.cost_shape or shape) + plan.extra_time_s
             else:
@@ -199,6 +219,8 @@ class Engine:
             yield env.timeout(dt)
             end = env.now
             done = self._apply(plan, now, end)
+            if n_group:
+                done.extend(self._apply_group(group, now, end))  # type: ignore[arg-type]
             stall_steps = 0 if self._num_sampled > sampled_before else stall_steps + 1
             if stall_steps > stall_limit:
                 self._raise_stuck(last_preempted or plan.scheduled[0][0], stall_steps)
@@ -210,7 +232,7 @@ class Engine:
                 rec.record_request(req)
                 if on_release is not None:
                     on_release(req, end)
-            useful = len(plan.scheduled)
+            useful = len(plan.scheduled) + n_group
             held = plan.num_slots_held
             rec.record_step(
                 now, dt, useful, shape.num_prefill_tokens, shape.num_decode_seqs,
@@ -244,17 +266,24 @@ class Engine:
             else:
                 itl.append(now - req.last_token_time)  # type: ignore[operator]
             req.last_token_time = now
-            if o >= req.output_len:
-                req.finish_reason = "stop"
-            elif o >= req.max_tokens or p + o >= max_len:
-                req.finish_reason = "length"
-            else:
-                continue
-            req.status = RequestStatus.FINISHED
-            done.append(req)
+            if o >= req.output_len or o >= req.max_tokens or p + o >= max_len:
+                _finish(req)
+                done.append(req)
         if regular:
             self.recorder.itl_step_s.append(now - start)
             self.recorder.itl_step_count.append(regular)
+        return done
+
+    def _apply_group(self, group: DecodeGroup, start: float, end: float) -> list[Request]:
+        """The update rule for a decode group's members: one token each, all regular ITL
+        samples of this step; returns the members that sampled their last token."""
+        n = len(group)
+        self._num_sampled += n
+        self.recorder.itl_step_s.append(end - start)
+        self.recorder.itl_step_count.append(n)
+        done = group.advance(1, end)
+        for req in done:
+            _finish(req)
         return done
 
     # -- the fast path: a run of steady decode steps at once (sim/fastpath.py) --
@@ -263,13 +292,20 @@ class Engine:
     ) -> tuple[list[float], list[float], list[int]] | None:
         """Step boundaries, step times and per-step new blocks of the longest safe run, or None when
         fewer than two steps are safe (the step-by-step path is as cheap then)."""
-        reqs = run.requests
+        reqs, group = run.requests, run.group
         if not reqs:
             return None
-        k = min(remaining_steps(reqs, self.config.max_model_len), MAX_RUN_STEPS)
-        if k < 2:
-            return None
-        k, new_blocks = safe_steps(reqs, self.kv.block_size, self.kv.num_free_blocks, k)
+        if group is not None:
+            k = min(group.steps_to_first_finish(), MAX_RUN_STEPS)
+            if k < 2:
+                return None
+            k = group.safe_steps(k, self.kv.num_free_blocks)
+            new_blocks: list[int] = []  # allocated by _apply_run for the final length
+        else:
+            k = min(remaining_steps(reqs, self.config.max_model_len), MAX_RUN_STEPS)
+            if k < 2:
+                return None
+            k, new_blocks = safe_steps(reqs, self.kv.block_size, self.kv.num_free_blocks, k)
         if k < 2:
             return None
         times, dts = step_times(run, self.cost_model, now, k,
@@ -285,6 +321,14 @@ class Engine:
         reqs, kv, rec = run.requests, self.kv, self.recorder
         start, end, bs = times[0], times[k], kv.block_size
         regular0 = 0
+        group = run.group
+        if group is not None:
+            new_blocks = group.allocate_for_steps(k, kv.num_free_blocks)  # type: ignore[assignment]
+            assert new_blocks is not None, "fast path: blocks checked by safe_steps"
+            regular0 = len(group)  # members join only with a regular next ITL
+            finished = group.advance(k, end)
+            assert not finished, "fast path: the run ends before any member finishes"
+            reqs = ()
         for r in reqs:
             if r.last_token_time == start:
                 regular0 += 1
@@ -296,7 +340,7 @@ class Engine:
             r.last_token_time = end
             if len(r.block_ids) * bs < c and kv.allocate_up_to(r, c) is None:
                 raise AssertionError("fast path: blocks checked by safe_steps did not fit")
-        n = len(reqs)
+        n = len(group) if group is not None else len(reqs)
         self._num_sampled += n * k
         advance = getattr(self.policy, "advance", None)
         if advance is not None:

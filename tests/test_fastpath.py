@@ -115,3 +115,37 @@ def test_fast_path_takes_long_decode_runs(monkeypatch: pytest.MonkeyPatch) -> No
     assert runs == [198]
     assert len(fast.steps) == len(ref.steps) == 200
     assert fast.requests["finish_time"].tolist() == ref.requests["finish_time"].tolist()
+
+
+@st.composite
+def tight_chunked(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]:
+    """FCFS chunked under KV pressure: decode groups form, cross block boundaries, meet
+    full pools (and dissolve), lose members to finishes, and see preemption."""
+    n = draw(st.integers(2, 30))
+    outs = draw(st.lists(st.integers(1, 120), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.0, 0.02, 0.4]), min_size=n, max_size=n))
+    bs = draw(st.sampled_from([2, 4, 16]))
+    blocks = draw(st.integers(8, 40)) if bs == 16 else draw(st.integers(40, 160))
+    cfg = SchedulerConfig(
+        max_num_seqs=draw(st.integers(2, 12)),
+        max_num_batched_tokens=draw(st.integers(64, 256)),
+        max_model_len=draw(st.sampled_from([100, 4096])),
+        scheduler_reserve_full_isl=draw(st.booleans()),
+        preemption_mode=draw(st.sampled_from(["recompute", "recompute", "swap"])),
+        kv_bytes_per_block=4096, swap_space_bytes=draw(st.sampled_from([0, 4096 * 20])),
+    )
+    args = {"output_lens": outs, "prompt": prompts, "arrivals": list(np.cumsum(gaps))}
+    return args, cfg, "chunked", blocks, bs
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tight_chunked())
+def test_decode_groups_equal_step_by_step(w: tuple[dict, SchedulerConfig, str, int, int]) -> None:
+    args, cfg, policy, blocks, bs = w
+    ref = run(args, cfg, policy, blocks, bs, fast=False)
+    fast = run(args, cfg, policy, blocks, bs, fast=True)
+    assert_frames_close(fast.requests, ref.requests)
+    assert_frames_close(fast.steps, ref.steps)
+    np.testing.assert_allclose(np.sort(fast.itl_s), np.sort(ref.itl_s), rtol=1e-9)
+    assert_nested_close(fast.summary, ref.summary)

@@ -1,0 +1,191 @@
+"""Decode groups: running requests that decode one token every step, advanced by a step
+counter instead of one by one.
+
+A policy that opts in keeps its longest run of steadily decoding requests at the head of
+its running list in a DecodeGroup. Each group step every member computes one token and
+samples one, so a member's progress is ``steps - joined`` tokens past the state it joined
+with; its Request fields are brought up to date (``materialize``) only when someone needs
+them: when it leaves the group (finishes, is preempted) or the group is dissolved. Two
+heaps say when a member needs attention: the step in which it samples its last token,
+and the next step in which it needs a new KV block. Per step the work is O(1) plus the
+members that finish or cross a block boundary, instead of O(members).
+
+The engine's step-by-step reference (``fast_path=False``) never builds a group;
+tests/test_fastpath.py checks both give the same records.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+from sim.kv_cache import KVCacheManager
+from sim.request import Request
+
+
+class DecodeGroup:
+    """Members (a prefix of the owner's running list, in order) and their lazy state.
+
+    ``steps``: group steps run so far; ``ctx_sum``: the sum over members of c + 1 (the
+    keys each decode attends to) for the next step; ``last_end``: when the last group
+    step ended (every member's last token time).
+    """
+
+    __slots__ = ("_base", "_cross", "_finish", "_joins", "_kv", "_max_len", "ctx_sum",
+                 "last_end", "members", "steps")
+
+    def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
+        self._kv = kv
+        self._max_len = max_model_len
+        self.members: list[Request] = []
+        # r -> (steps, c, o) when last synced, and the join number its heap entries carry
+        # (a request that left and joined again must not match its old entries).
+        self._base: dict[Request, tuple[int, int, int, int]] = {}
+        self._finish: list[tuple[int, int, Request]] = []  # (step of its last token, join, r)
+        self._cross: list[tuple[int, int, Request]] = []  # (step needing a new block, join, r)
+        self._joins = 0
+        self.steps = 0
+        self.ctx_sum = 0
+        self.last_end = 0.0
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __contains__(self, req: Request) -> bool:
+        return req in self._base
+
+    @staticmethod
+    def can_join(req: Request, now: float) -> bool:
+        """A request one token from sampling, that has sampled before, and whose last
+        token came at the end of the previous step (so its next ITL is that step's)."""
+        return (req.num_output_tokens > 0 and req.last_token_time == now
+                and req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens == 1)
+
+    def add(self, req: Request) -> None:
+        """Append ``req`` (it must satisfy can_join for the coming step)."""
+        g, c, o = self.steps, req.num_computed_tokens, req.num_output_tokens
+        self._joins += 1
+        j = self._joins
+        self._base[req] = (g, c, o, j)
+        self.members.append(req)
+        self.ctx_sum += c + 1
+        limit = min(req.output_len, req.max_tokens, self._max_len - req.num_prompt_tokens)
+        heappush(self._finish, (g + limit - o, j, req))
+        bs = self._kv.block_size
+        heappush(self._cross, (g + len(req.block_ids) * bs - c + 1, j, req))
+
+    def _live(self, entry: tuple[int, int, Request]) -> bool:
+        b = self._base.get(entry[2])
+        return b is not None and b[3] == entry[1]
+
+    def materialize(self, req: Request) -> None:
+        """Bring ``req``'s Request fields up to date."""
+        g0, c0, o0, j = self._base[req]
+        d = self.steps - g0
+        if d:
+            req.num_computed_tokens = c0 + d
+            req.num_output_tokens = o0 + d
+            req.last_token_time = self.last_end
+            self._base[req] = (self.steps, c0 + d, o0 + d, j)
+
+    def remove(self, req: Request) -> None:
+        """Take ``req`` out (materialized); its heap entries die lazily."""
+        self.materialize(req)
+        del self._base[req]
+        self.members.remove(req)
+        self.ctx_sum -= req.num_computed_tokens + 1
+
+    def dissolve(self) -> None:
+        """Materialize every member and empty the group."""
+        for req in self.members:
+            self.materialize(req)
+        self.members.clear()
+        self._base.clear()
+        self._finish.clear()
+        self._cross.clear()
+        self.ctx_sum = 0
+
+    # -- what the next steps hold --
+    def steps_to_first_finish(self) -> int:
+        """How many more group steps run before one samples a member's last token
+        (0: the next step does)."""
+        heap = self._finish
+        while heap and not self._live(heap[0]):
+            heappop(heap)
+        return heap[0][0] - self.steps - 1 if heap else 1 << 62
+
+    def _due(self, step: int) -> list[tuple[int, int, Request]]:
+        """Pop the live crossing entries due at or before ``step``, in order."""
+        heap, out = self._cross, []
+        while heap and heap[0][0] <= step:
+            e = heappop(heap)
+            if self._live(e):
+                out.append(e)
+        return out
+
+    def allocate_for_steps(self, num_steps: int, num_free_blocks: int) -> list[int] | None:
+        """Allocate the blocks members need over the next ``num_steps`` steps; returns the
+        number of new blocks per step, or None (nothing allocated) when they would not
+        fit: the caller then takes the step-by-step path, which preempts as vLLM does."""
+        first = self.steps + 1
+        due = self._due(self.steps + num_steps)
+        per_step = [0] * num_steps
+        bs = self._kv.block_size
+        pending = list(due)
+        while pending:
+            nxt = []
+            for s, idx, r in pending:
+                per_step[s - first] += 1
+                if s + bs < first + num_steps:
+                    nxt.append((s + bs, idx, r))
+            pending = nxt
+        if sum(per_step) > num_free_blocks:
+            for e in due:
+                heappush(self._cross, e)
+            return None
+        kv = self._kv
+        for s, idx, r in due:
+            g0, c0, _, _ = self._base[r]
+            last = s
+            while last + bs < first + num_steps:
+                last += bs
+            # The member's blocks must hold its tokens up to the one it computes in step
+            # ``last`` (c before that step, plus one).
+            assert kv.allocate_up_to(r, c0 + (last - 1 - g0) + 1) is not None
+            heappush(self._cross, (last + bs, idx, r))
+        return per_step
+
+    def safe_steps(self, limit: int, num_free_blocks: int) -> int:
+        """How many of the next ``limit`` steps fit their block allocations."""
+        first = self.steps + 1
+        counts = [0] * limit
+        bs = self._kv.block_size
+        for e in self._cross:
+            if e[0] >= first + limit or not self._live(e):
+                continue
+            s = e[0]
+            while s < first + limit:
+                counts[s - first] += 1
+                s += bs
+        used = 0
+        for j, k in enumerate(counts):
+            used += k
+            if used > num_free_blocks:
+                return j
+        return limit
+
+    def advance(self, num_steps: int, end: float) -> list[Request]:
+        """Account for ``num_steps`` group steps ending at ``end`` (blocks already
+        allocated); returns the members that sampled their last token in the last of
+        them, materialized and removed (the caller marks them finished)."""
+        self.steps += num_steps
+        self.ctx_sum += len(self.members) * num_steps
+        self.last_end = end
+        heap = self._finish
+        done = []
+        while heap and heap[0][0] <= self.steps:
+            e = heappop(heap)
+            if self._live(e):
+                done.append(e[2])
+        for r in done:
+            self.remove(r)
+        return done
