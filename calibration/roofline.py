@@ -154,6 +154,35 @@ class RooflineCostModel:
             "_comm_seconds_fixed": all_reduces * latency,
         }
 
+    def decode_run_times(self, num_decode_seqs: int, num_sampled_seqs: int,
+                         decode_context_tokens: int, growth: int, num_steps: int) -> list[float]:
+        """step_time of ``num_steps`` decode-only shapes whose decode_context_tokens start
+        at ``decode_context_tokens`` and grow by ``growth`` a step: the same arithmetic in
+        the same order (bit-identical results), without building a BatchShape per step.
+        The engine's fast path uses it for runs of steady decode steps."""
+        tokens = num_decode_seqs
+        if tokens == 0 or self._num_experts > 1:
+            shape = BatchShape
+            return [self.step_time(shape(0, 0, 0, 0, tokens, decode_context_tokens + j * growth,
+                                         num_sampled_seqs)) for j in range(num_steps)]
+        sampled = num_sampled_seqs
+        base_flops = self._body_flops_per_token * tokens + self._head_flops_per_row * sampled
+        weight_bytes = self._fixed_weight_bytes + (self._head_bytes if sampled else 0.0)
+        weight_bytes += self._expert_bytes
+        attn, kvb = self._attention_flops_per_pair, self._kv_bytes_per_token
+        act = self._activation_bytes_per_token * tokens
+        spf, spb = self._seconds_per_flop, self._seconds_per_byte
+        tail = self._comm_seconds_per_token * tokens + self._comm_seconds_fixed
+        overhead = self.step_overhead_s
+        out = []
+        ctx = decode_context_tokens
+        for _ in range(num_steps):
+            compute_s = (base_flops + attn * ctx) * spf
+            memory_s = (weight_bytes + kvb * (ctx + tokens) + act) * spb
+            out.append((compute_s if compute_s > memory_s else memory_s) + tail + overhead)
+            ctx += growth
+        return out
+
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one engine step of ``shape`` (see the class docstring)."""
         tokens = shape.num_prefill_tokens + shape.num_decode_seqs

@@ -127,6 +127,8 @@ class DecodeGroup:
         number of new blocks per step, or None (nothing allocated) when they would not
         fit: the caller then takes the step-by-step path, which preempts as vLLM does."""
         first = self.steps + 1
+        if not self._cross or self._cross[0][0] >= first + num_steps:
+            return [0] * num_steps  # nobody crosses a block boundary: the usual step
         due = self._due(self.steps + num_steps)
         per_step = [0] * num_steps
         bs = self._kv.block_size

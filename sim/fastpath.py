@@ -65,16 +65,25 @@ def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps
     shape = run.shape
     d, s, ctx = shape.num_decode_seqs, shape.num_sampled_seqs, shape.decode_context_tokens
     growth = run.context_growth
-    price = cost_model.step_time
+    batch = getattr(cost_model, "decode_run_times", None)
+    if batch is not None:
+        first = batch(d, s, ctx, growth, 1)[0]
+        if first > 0 and limit < math.inf:
+            # Steps only get longer as the context grows, so no more than this many
+            # start before the arrival: price no more than needed.
+            num_steps = min(num_steps, int((limit - start) / first) + 2)
+        prices = batch(d, s, ctx, growth, num_steps)
+    else:
+        prices = [cost_model.step_time(BatchShape(0, 0, 0, 0, d, ctx + j * growth, s))
+                  for j in range(num_steps)]
     times = [start]
     dts: list[float] = []
     t = start
-    for j in range(num_steps):
+    for j, price in enumerate(prices):
         if j and t >= limit:
             break
-        dt = price(BatchShape(0, 0, 0, 0, d, ctx, s)) + 0.0  # + the plan's extra_time_s
+        dt = price + 0.0  # + the plan's extra_time_s, as the engine adds it
         t = t + dt
         times.append(t)
         dts.append(dt)
-        ctx += growth
     return times, dts

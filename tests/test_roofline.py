@@ -179,3 +179,18 @@ def test_tensor_parallel_with_interconnect_numbers() -> None:
     assert tp4.step_time(decode(1, 10)) == pytest.approx(
         weights_per_gpu / (3.35e12 * 0.85) + comm, rel=0.01
     )
+
+
+def test_decode_run_times_equal_step_time_bit_for_bit() -> None:
+    from calibration.roofline import RooflineCostModel
+    from calibration.specs import get_gpu, get_model
+    from sim.batch import BatchShape
+
+    for model, gpu in (("llama-3.1-8b", "h100-sxm"), ("qwen2.5-0.5b", "l4"),
+                       ("mixtral-8x7b", "h200-sxm")):
+        rl = RooflineCostModel(get_model(model), get_gpu(gpu))
+        for n, ctx, growth in ((1, 1, 1), (37, 40_321, 37), (256, 3_000_000, 256)):
+            got = rl.decode_run_times(n, n, ctx, growth, 50)
+            want = [rl.step_time(BatchShape(0, 0, 0, 0, n, ctx + j * growth, n))
+                    for j in range(50)]
+            assert got == want
