@@ -129,6 +129,8 @@ class DecodeGroup:
         first = self.steps + 1
         if not self._cross or self._cross[0][0] >= first + num_steps:
             return [0] * num_steps  # nobody crosses a block boundary: the usual step
+        if num_steps == 1:
+            return self._allocate_next(num_free_blocks)
         due = self._due(self.steps + num_steps)
         per_step = [0] * num_steps
         bs = self._kv.block_size
@@ -155,6 +157,21 @@ class DecodeGroup:
             assert kv.allocate_up_to(r, c0 + (last - 1 - g0) + 1) is not None
             heappush(self._cross, (last + bs, idx, r))
         return per_step
+
+    def _allocate_next(self, num_free_blocks: int) -> list[int] | None:
+        """allocate_for_steps(1, ...): one new block for each member crossing now."""
+        step = self.steps + 1
+        due = self._due(step)
+        if len(due) > num_free_blocks:
+            for e in due:
+                heappush(self._cross, e)
+            return None
+        kv, bs, base = self._kv, self._kv.block_size, self._base
+        for s, j, r in due:
+            g0, c0, _, _ = base[r]
+            assert kv.allocate_up_to(r, c0 + (s - g0)) is not None
+            heappush(self._cross, (s + bs, j, r))
+        return [len(due)]
 
     def safe_steps(self, limit: int, num_free_blocks: int) -> int:
         """How many of the next ``limit`` steps fit their block allocations."""
