@@ -227,13 +227,13 @@ class Engine:
             if self.observer is not None:
                 self.observer(plan, now, end)
             blocks_used = self.kv.num_used_blocks
+            held = plan.num_slots_held  # before the policy releases anyone
             for req in policy.on_step_end(done, end):
                 req.finish_time = end
                 rec.record_request(req)
                 if on_release is not None:
                     on_release(req, end)
             useful = len(plan.scheduled) + n_group
-            held = plan.num_slots_held
             rec.record_step(
                 now, dt, useful, shape.num_prefill_tokens, shape.num_decode_seqs,
                 blocks_used, policy.num_waiting, useful, held - useful, max_seqs - held,

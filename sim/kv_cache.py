@@ -1,4 +1,4 @@
-"""Paged KV-cache block allocator: block ids, reference counts, a free list.
+"""Paged KV-cache block allocator: block ids and a free list.
 
 No SimPy and no policy logic: policies ask for slots, the allocator answers.
 Conventions follow vLLM V1 (``vllm/v1/core/kv_cache_manager.py``, ``block_pool.py``):
@@ -7,6 +7,12 @@ block 0 is the null block, so ``num_gpu_blocks`` G leaves G - 1 usable blocks (v
 blocks do not fit and allocates nothing in that case. A request holding P prompt and O
 output tokens has computed P + O - 1 tokens (the last sampled token is never written),
 so it holds ceil((P + O - 1) / block_size) blocks at its end.
+
+In this plain pool a block is free or held by exactly one request, so a request's
+``block_ids`` is the whole story and no per-block bookkeeping runs on the hot path:
+allocation and freeing move slices of the free list. Sharing, and so reference counts
+(``_ref_cnt``, kept here for them), belong to the prefix-caching pools
+(sim/prefix_cache.py, sim/radix_cache.py), which override allocate_up_to and free.
 """
 
 from __future__ import annotations
@@ -92,31 +98,22 @@ class KVCacheManager:
         new = free[-need:]
         del free[-need:]
         new.reverse()
-        ref = self._ref_cnt
-        for b in new:
-            ref[b] += 1
         request.block_ids.extend(new)
         return new
 
     def free(self, request: Request) -> int:
         """Release every block of ``request`` (tail first, as vLLM frees); returns how
         many blocks went back to the free list."""
-        ref = self._ref_cnt
-        free = self._free
-        before = len(free)
-        for b in reversed(request.block_ids):
-            left = ref[b] - 1
-            ref[b] = left
-            if not left:
-                free.append(b)
+        blocks = request.block_ids
+        self._free.extend(reversed(blocks))
         request.block_ids = []
-        return len(free) - before
+        return len(blocks)
 
     def check_invariants(self) -> None:
-        """Assert the pool is consistent (for tests): free blocks have ref 0, no
-        duplicates, the null block is never handed out."""
+        """Assert the pool is consistent (for tests): no duplicate in the free list, the
+        null block never handed out, every block id in range. (Callers check that the
+        held blocks and the free list partition the pool.)"""
         free = set(self._free)
         assert len(free) == len(self._free), "duplicate block in free list"
         assert 0 not in free, "null block in free list"
-        for b in free:
-            assert self._ref_cnt[b] == 0, f"free block {b} has ref {self._ref_cnt[b]}"
+        assert all(0 < b < self.num_gpu_blocks for b in free), "block id out of range"
