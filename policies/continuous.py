@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from policies.base import QueuePolicy
 from sim.batch import BatchPlan, SteadyDecode
+from sim.decode_group import DecodeGroup
 from sim.request import Request
 
 #: Fraction of num_gpu_blocks kept free at admission (vLLM V0 CacheConfig default).
@@ -50,9 +51,15 @@ class ContinuousPolicy(QueuePolicy):
                     f"({budget}): continuous batching never chunks a prompt")
         return super().rejection_reason(req)
 
+    def attach_decode_group(self, group: DecodeGroup) -> None:
+        """Opt in to lazy decodes (sim/decode_group.py) where the preemption victim is
+        always the tail of running and no prefix cache hashes decode blocks."""
+        if self.config.queue != "priority" and self.prefix_cache is None:
+            self.decode_group = group
+
     def steady_decode(self, now: float) -> SteadyDecode | None:
         """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""
-        return self.iteration_steady_decode()
+        return self.group_steady_decode(now)
 
     def schedule(self, now: float) -> BatchPlan:
         scheduled: dict[Request, int] = {}
@@ -61,11 +68,15 @@ class ContinuousPolicy(QueuePolicy):
             self.order_waiting()
         if not self.swapped:
             self._schedule_prefills(scheduled)
-        if not scheduled:
-            budget = self._schedule_decodes(scheduled, preempted)
-            if not preempted:
-                self.resume_swapped(scheduled, budget, self.watermark_blocks)
-        return self.make_plan(scheduled, preempted)
+        if scheduled:
+            if self.decode_group is not None:
+                self.decode_group.dissolve()  # its members stall this step: no longer steady
+            return self.make_plan(scheduled, preempted)
+        budget, start = self.group_step(now)
+        budget = self._schedule_decodes(scheduled, preempted, budget, start)
+        if not preempted:
+            self.resume_swapped(scheduled, budget, self.watermark_blocks)
+        return self.make_plan(scheduled, preempted, self.decode_group if start else None)
 
     def _schedule_prefills(self, scheduled: dict[Request, int]) -> None:
         budget = self.config.max_num_batched_tokens
@@ -87,10 +98,12 @@ class ContinuousPolicy(QueuePolicy):
             scheduled[req] = n
             budget -= n
 
-    def _schedule_decodes(self, scheduled: dict[Request, int], preempted: list[Request]) -> int:
-        budget = self.config.max_num_batched_tokens
+    def _schedule_decodes(self, scheduled: dict[Request, int], preempted: list[Request],
+                          budget: int, start: int) -> int:
+        """Decode the running requests from index ``start`` on (the decode group's come
+        first and already have their token) under ``budget``."""
         running = self.running
-        i = 0
+        i = start
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.num_new_tokens, budget)

@@ -119,8 +119,9 @@ def test_fast_path_takes_long_decode_runs(monkeypatch: pytest.MonkeyPatch) -> No
 
 @st.composite
 def tight_chunked(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]:
-    """FCFS chunked under KV pressure: decode groups form, cross block boundaries, meet
-    full pools (and dissolve), lose members to finishes, and see preemption."""
+    """FCFS chunked and continuous under KV pressure: decode groups form, cross block
+    boundaries, meet full pools (and dissolve), lose members to finishes, stall in
+    prefill-only steps, and see preemption."""
     n = draw(st.integers(2, 30))
     outs = draw(st.lists(st.integers(1, 120), min_size=n, max_size=n))
     prompts = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
@@ -136,7 +137,7 @@ def tight_chunked(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int
         kv_bytes_per_block=4096, swap_space_bytes=draw(st.sampled_from([0, 4096 * 20])),
     )
     args = {"output_lens": outs, "prompt": prompts, "arrivals": list(np.cumsum(gaps))}
-    return args, cfg, "chunked", blocks, bs
+    return args, cfg, draw(st.sampled_from(["chunked", "continuous"])), blocks, bs
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
