@@ -290,9 +290,7 @@ class QueuePolicy:
         group = self.decode_group
         if group is None:
             return budget, 0
-        running = self.running
-        while len(group) < len(running) and group.can_join(running[len(group)], now):
-            group.add(running[len(group)])
+        group.grow(self.running, now)
         n = len(group)
         if not n:
             return budget, 0
@@ -308,8 +306,7 @@ class QueuePolicy:
         if group is None:
             return self.iteration_steady_decode()
         running = self.running
-        while len(group) < len(running) and group.can_join(running[len(group)], now):
-            group.add(running[len(group)])
+        group.grow(running, now)
         n = len(group)
         if not n:
             return self.iteration_steady_decode()

@@ -69,8 +69,8 @@ class ContinuousPolicy(QueuePolicy):
         if not self.swapped:
             self._schedule_prefills(scheduled)
         if scheduled:
-            if self.decode_group is not None:
-                self.decode_group.dissolve()  # its members stall this step: no longer steady
+            # A prefill-only step: the decode group's members all stall together (the
+            # group measures their next ITL from its last step's end).
             return self.make_plan(scheduled, preempted)
         budget, start = self.group_step(now)
         budget = self._schedule_decodes(scheduled, preempted, budget, start)

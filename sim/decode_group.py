@@ -26,8 +26,11 @@ class DecodeGroup:
     """Members (a prefix of the owner's running list, in order) and their lazy state.
 
     ``steps``: group steps run so far; ``ctx_sum``: the sum over members of c + 1 (the
-    keys each decode attends to) for the next step; ``last_end``: when the last group
-    step ended (every member's last token time).
+    keys each decode attends to) for the next step; ``last_end``: every member's last
+    token time (the end of the last group step). The owner may run steps without the
+    group (continuous batching's prefill-only steps): members then all stall together,
+    and the next group step's ITL is measured from ``last_end``; new members join only
+    when no such stall is pending (``last_end`` is the coming step's start).
     """
 
     __slots__ = ("_base", "_cross", "_finish", "_joins", "_kv", "_max_len", "ctx_sum",
@@ -63,6 +66,8 @@ class DecodeGroup:
     def add(self, req: Request) -> None:
         """Append ``req`` (it must satisfy can_join for the coming step)."""
         g, c, o = self.steps, req.num_computed_tokens, req.num_output_tokens
+        if not self.members:
+            self.last_end = req.last_token_time  # type: ignore[assignment]
         self._joins += 1
         j = self._joins
         self._base[req] = (g, c, o, j)
@@ -76,6 +81,15 @@ class DecodeGroup:
     def _live(self, entry: tuple[int, int, Request]) -> bool:
         b = self._base.get(entry[2])
         return b is not None and b[3] == entry[1]
+
+    def grow(self, running: list[Request], now: float) -> None:
+        """Absorb the requests after the group's end of ``running`` that can join for a
+        step starting at ``now`` (none while a stall is pending)."""
+        members = self.members
+        if members and self.last_end != now:
+            return
+        while len(members) < len(running) and self.can_join(running[len(members)], now):
+            self.add(running[len(members)])
 
     def materialize(self, req: Request) -> None:
         """Bring ``req``'s Request fields up to date."""

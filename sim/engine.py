@@ -279,7 +279,9 @@ class Engine:
         samples of this step; returns the members that sampled their last token."""
         n = len(group)
         self._num_sampled += n
-        self.recorder.itl_step_s.append(end - start)
+        # Every member's previous token came at group.last_end: the end of the previous
+        # step, or earlier when the policy ran steps without the group (a shared stall).
+        self.recorder.itl_step_s.append(end - group.last_end)
         self.recorder.itl_step_count.append(n)
         done = group.advance(1, end)
         for req in done:
@@ -325,7 +327,10 @@ class Engine:
         if group is not None:
             new_blocks = group.allocate_for_steps(k, kv.num_free_blocks)  # type: ignore[assignment]
             assert new_blocks is not None, "fast path: blocks checked by safe_steps"
-            regular0 = len(group)  # members join only with a regular next ITL
+            if group.last_end != start:  # a shared stall before the run (see DecodeGroup)
+                rec.itl.extend([times[1] - group.last_end] * len(group))
+            else:
+                regular0 = len(group)
             finished = group.advance(k, end)
             assert not finished, "fast path: the run ends before any member finishes"
             reqs = ()
