@@ -3,7 +3,8 @@ conversation replay: the issue-9 target is at most 2x the time of ``--prefix-cac
 
 Prints figures (no assertions): for each mode, the best CPU time (and wall time) of
 ``--repeat`` in-process simulations of the same prepared workload, modes interleaved
-(loading and writing files excluded), the CPU-time ratio to ``none``, engine steps, the hit rate and the evictions. Usage, from the repo root:
+(loading and writing files excluded), the CPU-time ratio to ``none``, engine steps, the
+hit rate and the evictions. Usage, from the repo root:
 
     python benchmarks/prefix_cache_speed.py [--num-requests N] [--time-scale X] [--repeat R]
 """

@@ -53,8 +53,9 @@ class ContinuousPolicy(QueuePolicy):
 
     def attach_decode_group(self, group: DecodeGroup) -> None:
         """Opt in to lazy decodes (sim/decode_group.py) where the preemption victim is
-        always the tail of running and no prefix cache hashes decode blocks."""
-        if self.config.queue != "priority" and self.prefix_cache is None:
+        always the tail of running (a prefix cache indexes decode blocks only when a
+        request releases them, after the group has brought it up to date)."""
+        if self.config.queue != "priority":
             self.decode_group = group
 
     def steady_decode(self, now: float) -> SteadyDecode | None:

@@ -81,6 +81,9 @@ def _from_scenario(spec: ScenarioSpec, arrival: str | None, rate: float | None,
                      burst_size=spec.burst_size)
     source = f"{spec.name}: {_process_label(arrival, rate, k)} x {spec.lengths.describe()}"
     workload = Workload.from_arrays(times, prompt, output, source=source)
+    if spec.prefix is not None:  # prompt content (issue 9), drawn after the lengths
+        workload = spec.prefix.apply(workload, length_rng)
+        workload = dataclasses.replace(workload, source=f"{source} x {spec.prefix.describe()}")
     return workload.cut(None, window_s).with_max_tokens(spec.max_tokens)
 
 

@@ -3,7 +3,8 @@
 Owns the file formats (see ``/work/shared/traces/README.md``), detected from the first line:
 
 - ``servesim``: CSV with ``arrival_time`` (s), ``num_prompt_tokens``, ``output_len`` and
-  optional ``max_tokens``, ``priority``, ``request_id``, ``hash_ids`` (space-separated ints).
+  optional ``max_tokens``, ``priority``, ``request_id``, ``hash_ids`` (space-separated ints),
+  ``prompt_segments`` (space-separated ``id:tokens`` pairs; see sim/prefix_cache.py).
   Arrival times are kept as written.
 - ``azure``: Azure LLM inference trace 2023 (Splitwise), CSV ``TIMESTAMP`` (``YYYY-MM-DD
   HH:MM:SS.fffffff``, wall clock), ``ContextTokens``, ``GeneratedTokens``; CRLF. Arrival =
@@ -205,6 +206,7 @@ def _load_servesim(path: Path, lines: list[str]) -> Workload:
     priority: list[int] = []
     ids: list[str] = []
     hashes: list[tuple[int, ...]] = []
+    segments: list[tuple[tuple[int, int], ...]] = []
 
     def cell(row: list[str], name: str) -> str:
         return row[index[name]].strip() if name in index else ""
@@ -221,10 +223,21 @@ def _load_servesim(path: Path, lines: list[str]) -> Workload:
         ids.append(cell(row, "request_id") or str(n - 2))
         hashes.append(tuple(_parse_int(h, "hash_ids", where, None)
                             for h in cell(row, "hash_ids").split()))
+        segments.append(tuple(_parse_segment(x, where)
+                              for x in cell(row, "prompt_segments").split()))
     return Workload.from_arrays(
         arrival, prompt, out, max_tokens=cap, priority=priority, request_id=ids,
         hash_ids=hashes if "hash_ids" in index else None, source=f"servesim trace {path.name}",
+        prompt_segments=segments if "prompt_segments" in index else None,
     )
+
+
+def _parse_segment(text: str, where: str) -> tuple[int, int]:
+    sid, sep, length = text.partition(":")
+    if not sep:
+        raise ValueError(f"{where}: prompt_segments entry {text!r} is not id:tokens")
+    return (_parse_int(sid, "prompt_segments id", where, None),
+            _parse_int(length, "prompt_segments tokens", where))
 
 
 def load_trace(path: Path | str, fmt: str | None = None) -> Workload:
@@ -270,7 +283,8 @@ def save_trace(workload: Workload, path: Path | str) -> None:
     """Write ``workload`` as a servesim CSV that ``load_trace`` reads back equal.
 
     Columns: arrival_time (s, shortest exact float repr), num_prompt_tokens, output_len,
-    max_tokens, priority, request_id, and hash_ids (space-separated) when present. The
+    max_tokens, priority, request_id, and hash_ids (space-separated) and prompt_segments
+    (space-separated id:tokens) when present. The
     parent folder is created if needed; ``source`` is not stored.
     """
     path = Path(path)
@@ -278,6 +292,8 @@ def save_trace(workload: Workload, path: Path | str) -> None:
     header = [*_SERVESIM_REQUIRED, "max_tokens", "priority", "request_id"]
     if workload.hash_ids is not None:
         header.append("hash_ids")
+    if workload.prompt_segments is not None:
+        header.append("prompt_segments")
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(header)
@@ -289,4 +305,6 @@ def save_trace(workload: Workload, path: Path | str) -> None:
             ]
             if workload.hash_ids is not None:
                 row.append(" ".join(str(h) for h in workload.hash_ids[i]))
+            if workload.prompt_segments is not None:
+                row.append(" ".join(f"{sid}:{n}" for sid, n in workload.prompt_segments[i]))
             writer.writerow(row)

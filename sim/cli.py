@@ -86,6 +86,16 @@ def replica_table(summary: dict[str, Any]) -> Table:
     return t
 
 
+def prefix_cache_text(pc: dict[str, Any]) -> str:
+    """One line for tables: hit rate, prefill tokens saved and evictions of a run's
+    prefix cache (summary.json's ``prefix_cache``)."""
+    hit = pc["hit_rate_tokens"]
+    rate = "-" if hit is None else f"{hit:.1%}"
+    return (f"{pc['mode']}: hit rate {rate} of prompt tokens, "
+            f"{pc['prefill_tokens_saved']:,} prefill tokens saved, "
+            f"{pc['evictions']:,} blocks evicted")
+
+
 def headline_table(summary: dict[str, Any]) -> Table:
     t = Table(show_header=False, box=None)
     thr, kv, sl = summary["throughput"], summary["kv_cache"], summary["slots"]
@@ -107,6 +117,9 @@ def headline_table(summary: dict[str, Any]) -> Table:
                         f"{summary['batch']['mean_num_seqs']:.1f} seqs"),
         ("saturated", saturation_text(summary)),
     ]
+    pc = summary.get("prefix_cache")
+    if pc and pc.get("mode", "none") != "none":
+        rows.insert(5, ("prefix cache", prefix_cache_text(pc)))
     for k, v in rows:
         t.add_row(f"[bold]{k}[/bold]", v)
     return t
@@ -162,7 +175,8 @@ def run(
     slo_tpot: Annotated[float | None, typer.Option(help="TPOT SLO in seconds.")] = None,
     queue: Annotated[str, typer.Option(
         help="Waiting-queue order: fcfs, priority, sjf (shortest prompt), oracle-srpt "
-             "(true remaining output: an unrealizable bound).")] = "fcfs",
+             "(true remaining output: an unrealizable bound), lpm (longest cached prefix "
+             "first, SGLang; needs --prefix-cache).")] = "fcfs",
     preemption_mode: Annotated[str, typer.Option(
         help="Preemption under KV pressure: recompute or swap (to CPU).")] = "recompute",
     kv_allocation: Annotated[str, typer.Option(
@@ -188,6 +202,10 @@ def run(
     trace_sample: Annotated[bool, typer.Option(
         help="Draw --num-requests at random from the whole trace (seeded) instead of "
              "taking the first ones; shuffled when re-timed.")] = False,
+    prefix_cache: Annotated[str, typer.Option(
+        help="Prefix caching: none, block (vLLM's block-hash cache) or radix (SGLang's "
+             "radix tree); prompts share blocks by Mooncake hash_ids or a scenario's "
+             "prompt segments (docs/prefix_caching.md).")] = "none",
     compare: Annotated[str | None, typer.Option(
         help="Run the same workload through several cells, POLICY[:MODIFIER]... separated "
              "by commas (e.g. static,continuous,chunked or chunked:paged,chunked:reserve); "
@@ -220,6 +238,7 @@ def run(
             swap_space=swap_space, pcie_bandwidth=pcie_bandwidth,
             tensor_parallel_size=tensor_parallel_size, replicas=replicas, router=router,
             concurrency=concurrency, think_time=think_time, trace_sample=trace_sample,
+            prefix_cache=prefix_cache,
         )
         prep = prepare(cfg)
     except INPUT_ERRORS as e:
@@ -360,6 +379,113 @@ def diagram(
         )
     except INPUT_ERRORS as e:
         fail(str(e))
+
+
+@app.command()
+def validate(
+    profile: Annotated[str | None, typer.Option(
+        help="Calibrated profile that prices the simulation (default: the shipped CPU "
+             "profile); the real run uses its model, dtype and torch threads.")] = None,
+    device: Annotated[str | None, typer.Option(
+        help="Where the real run executes: cpu or cuda[:N] (default: the profile's).")
+    ] = None,
+    timer: Annotated[str, typer.Option(
+        help="Step clock of the real run: thread (CPU time of the one torch thread: other "
+             "processes' time on the core not counted), wall, or auto (thread on CPU with "
+             "one thread, else wall).")] = "auto",
+    repeats: Annotated[int, typer.Option(
+        help="Execute each real step this many times from the same state and keep the "
+             "fastest (the profile's own statistic; filters other processes' interference "
+             "on a shared machine). 1 = a plain real run.")] = 1,
+    policy: Annotated[str, typer.Option(help="Scheduling policy.")] = "chunked",
+    scenario: Annotated[str | None, typer.Option(
+        help="Built-in scenario (e.g. cpu-chat; see `servesim list`).")] = None,
+    trace: Annotated[str | None, typer.Option(help="Trace file to replay.")] = None,
+    trace_format: Annotated[str | None, typer.Option(
+        help="Force the trace format: servesim, azure, mooncake.")] = None,
+    arrival: Annotated[str | None, typer.Option(
+        help="Arrival process: poisson, gamma, constant, bursts.")] = None,
+    rate: Annotated[float | None, typer.Option(help="Arrival rate in requests/s.")] = None,
+    burstiness: Annotated[float | None, typer.Option(help="Gamma shape k.")] = None,
+    num_requests: Annotated[int | None, typer.Option(help="Requests to run.")] = None,
+    window: Annotated[float | None, typer.Option(
+        help="Keep trace arrivals within this many seconds of the first.")] = None,
+    time_scale: Annotated[float | None, typer.Option(
+        help="Speed a trace up (>1) or slow it down (<1).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        help="Client cap on output tokens for every request.")] = None,
+    trace_sample: Annotated[bool, typer.Option(
+        help="Draw --num-requests at random from the whole trace.")] = False,
+    seed: Annotated[int, typer.Option(help="Workload (and prompt token) seed.")] = 0,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        help="Most requests per batch (default: the profile grid's).")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="Token budget per step (default: the profile grid's).")] = None,
+    max_model_len: Annotated[int | None, typer.Option(
+        help="Most tokens per request (default: the profile grid's max context).")] = None,
+    num_gpu_blocks: Annotated[int | None, typer.Option(
+        help="Override the KV block count (exercises preemption).")] = None,
+    long_prefill_token_threshold: Annotated[int, typer.Option(
+        help="Cap of one request's prefill chunk per step (0 = off).")] = 0,
+    queue: Annotated[str, typer.Option(help="Waiting-queue order.")] = "fcfs",
+    preemption_mode: Annotated[str, typer.Option(
+        help="Preemption under KV pressure: recompute or swap.")] = "recompute",
+    out: Annotated[Path, typer.Option(help="Directory to write.")] = Path("runs/validate"),
+) -> None:
+    """Run a scenario twice on one workload and config: priced by the profile (the
+    simulation) and executed for real on the device; write validation.json,
+    validation.html and both run directories to --out, and print the error table."""
+    from sim.engine import SchedulerStuck
+    from sim.validate import (
+        error_table,
+        prepare_validation,
+        run_validation,
+        schedule_line,
+        step_error_line,
+        validation_config,
+        write_validation,
+    )
+
+    try:
+        cfg = validation_config(
+            profile, policy=policy, scenario=scenario, trace=trace, trace_format=trace_format,
+            arrival=arrival, rate=rate, burstiness=burstiness, num_requests=num_requests,
+            window=window, time_scale=time_scale, max_tokens=max_tokens,
+            trace_sample=trace_sample, seed=seed, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            num_gpu_blocks=num_gpu_blocks,
+            long_prefill_token_threshold=long_prefill_token_threshold, queue=queue,
+            preemption_mode=preemption_mode)
+        prep, real = prepare_validation(cfg, device, timer, repeats)
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    console.print(f"workload: {len(prep.workload):,} requests ({prep.workload.source})")
+    console.print(f"prediction: {prep.cost_model_label}")
+    console.print(f"real run: {real.spec.name} ({real.dtype}) on {real.device}, "
+                  f"{real.threads or 'default'} torch threads, each step the fastest of "
+                  f"{real.repeats}")
+    try:
+        v = _validate_with_progress(prep, real, run_validation)
+        data = write_validation(out, prep, v)
+    except ImportError:
+        fail("validate needs torch: install the calibration extra: "
+             "pip install 'servesim[calibration]'")
+    except (SchedulerStuck, *INPUT_ERRORS) as e:
+        fail(str(e))
+    console.print(error_table(data))
+    console.print(step_error_line(data), highlight=False)
+    console.print(schedule_line(data), highlight=False)
+    console.print(f"wrote {out}/validation.json, validation.html, predicted/, measured/")
+
+
+def _validate_with_progress(prep: Any, real: Any, run: Any) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
+                  transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("real run", total=len(prep.workload))
+        return run(prep, real, progress=lambda done: bar.update(task, completed=done))
 
 
 @app.command("list")

@@ -2,10 +2,11 @@
 directory per cell, and a side-by-side table.
 
 A cell is ``POLICY[:MODIFIER]...``; a modifier is a KV allocation (paged, reserve), a
-preemption mode (recompute, swap) or a queue order (fcfs, priority, sjf, oracle-srpt), and
-overrides that one setting of the base run. Modifiers are read from the right, so a user
-policy keeps its own colon: ``my_pkg.mod:MyPolicy:reserve``. Cells are separated by commas:
-``static,continuous,chunked`` or ``chunked:paged,chunked:reserve:swap``.
+preemption mode (recompute, swap), a queue order (fcfs, priority, sjf, oracle-srpt, lpm) or
+a prefix cache (none, block, radix), and overrides that one setting of the base run.
+Modifiers are read from the right, so a user policy keeps its own colon:
+``my_pkg.mod:MyPolicy:reserve``. Cells are separated by commas: ``static,continuous,chunked``
+or ``chunked:paged,chunked:reserve:swap`` or ``chunked:none,chunked:block,chunked:radix``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from rich.table import Table
 
 from policies.registry import get_policy_class
-from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, QUEUE_ORDERS
+from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, PREFIX_CACHE_MODES, QUEUE_ORDERS
 from sim.runner import Prepared, write_run
 from sim.simulate import SimResult
 
@@ -29,6 +30,7 @@ MODIFIERS: dict[str, str] = {
     **{v: "kv_allocation" for v in KV_ALLOCATIONS},
     **{v: "preemption_mode" for v in PREEMPTION_MODES},
     **{v: "queue" for v in QUEUE_ORDERS},
+    **{v: "prefix_cache" for v in PREFIX_CACHE_MODES},
 }
 
 
@@ -103,12 +105,19 @@ def _pair(st: dict[str, float | None], scale: float, digits: int) -> str:
                     for k in ("p50", "p99"))
 
 
+def _hit_rate(summary: dict[str, Any]) -> str:
+    hit = summary.get("prefix_cache", {}).get("hit_rate_tokens")
+    return "-" if hit is None else f"{hit:.1%}"
+
+
 def compare_table(results: list[tuple[Cell, dict[str, Any]]], title: str = "compare") -> Table:
     """One row per cell: throughput, TTFT / TPOT / E2E p50 and p99, slot fractions,
     preemptions (of which swaps) and rejections; narrow enough for 120 columns."""
     t = Table(title=title, header_style="bold")
+    cached = any(s.get("prefix_cache", {}).get("mode", "none") != "none" for _, s in results)
     for name in ("cell", "req/s", "out\ntok/s", "TTFT s\np50/p99", "TPOT ms\np50/p99",
-                 "E2E s\np50/p99", "slots %\nuse/idle/empty", "preempt\n(swaps)", "reject"):
+                 "E2E s\np50/p99", "slots %\nuse/idle/empty", "preempt\n(swaps)", "reject",
+                 *(("prefix\nhit %",) if cached else ())):
         if name == "cell":
             t.add_column(name, no_wrap=True,
                          min_width=max((len(c.label) for c, _ in results), default=4))
@@ -122,5 +131,6 @@ def compare_table(results: list[tuple[Cell, dict[str, Any]]], title: str = "comp
             _pair(s["e2e_latency_s"], 1, 1),
             "/".join(f"{sl[f'{k}_fraction']:.0%}".rstrip("%") for k in ("useful", "idle", "empty")),
             f"{s['num_preemptions']:,} ({s.get('num_swaps', 0):,})", f"{s['num_rejected']:,}",
+            *((_hit_rate(s),) if cached else ()),
         )
     return t

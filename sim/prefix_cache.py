@@ -1,5 +1,6 @@
-"""Prefix caching (issue 9): what a prompt says, the block hashes that name it, and vLLM's
-automatic prefix cache (``BlockHashCache``); SGLang's radix tree is sim/radix_cache.py.
+"""Prefix caching (issue 9): what a prompt says, what names each of its blocks, the index
+both caches share, and vLLM's automatic prefix cache (``BlockHashCache``); SGLang's radix
+tree is sim/radix_cache.py. User guide: docs/prefix_caching.md.
 
 **Prompt content without tokens.** A request's prompt is a chain of *segments*, ``(segment
 id, tokens)`` pairs summing to its length (``Request.prompt_segments``): token t is named
@@ -13,19 +14,21 @@ length) into the prompt of turn t + 1, so turn t's decode blocks can hit. A requ
 no segments gets one segment of its own (``unique_segment_id``): it shares nothing with
 other requests but still finds its own blocks after a preemption.
 
-**Block hashes.** Engine block j covers tokens [j*bs, (j+1)*bs) and is named by every token
-before its end e = (j+1)*bs: ``h_j = chain_k + e`` with k the segment holding token e - 1,
-``chain_0 = hash((ROOT, 0, id_0))`` and ``chain_k+1 = hash((chain_k, len_k, id_k+1))``
-(64-bit tuple hashes). Equal hashes mean equal prefixes, up to collisions (two chains
-less than 2^21 apart: about 2^-42 per pair of chains, the same order as Python's tuple
-hash of (chain, e) would give, at a fraction of its cost), so ``h_j`` plays the part of
-vLLM's chained block hash (``hash(parent, block tokens)``). Only full blocks are hashed,
-and only as far as their tokens are known (prompt, then sampled tokens). When bs divides
-512, block j of a Mooncake prompt lies in Mooncake block j*bs // 512 and its hash stands
-for (the Mooncake ids up to that block, sub-index); when it does not, a block straddling
-two Mooncake blocks is named by both, so a hit stops at the first engine block that
-reaches into a differing Mooncake block. Hashes are computed lazily, when a cache first
-looks a request up or registers its blocks, into ``Request.block_hashes`` (no token lists).
+**Block identity.** Engine block j covers tokens [j*bs, (j+1)*bs) and is named by every
+token before its end e = (j+1)*bs, i.e. by (the segment chain through the segment k that
+holds token e - 1, e), with ``chain_0 = hash((ROOT, 0, id_0))`` and ``chain_k+1 =
+hash((chain_k, len_k, id_k+1))`` (64-bit tuple hashes; equal chains mean equal prefixes up
+to collisions), which plays the part of vLLM's chained block hash (``hash(parent, block
+tokens)``). Blocks are therefore indexed per segment: ``_slots[chain_k]`` lists the cached
+blocks of the full blocks ending in segment k, in order (0 = not cached), and a request
+keeps its *spans*, (chain_k, first block, end block) per segment (``prefix_spans``,
+computed once, lazily: no token lists, no per-block hashes), so lookups and inserts are
+list slices. Only full blocks are cached, and only as far as their tokens are known
+(prompt, then sampled tokens). When bs divides 512, block j of a Mooncake prompt lies in
+Mooncake block j*bs // 512 and is named by (the Mooncake ids up to that block,
+sub-index); when it does not, a block straddling two Mooncake blocks is named by the
+later one's chain, which covers both, so a hit stops at the first engine block that
+reaches into a differing Mooncake block.
 
 **The cache interface** (both modes subclass KVCacheManager, so policies and the engine
 use them unchanged): ``get_computed_blocks(req)`` gives the cached blocks of the longest
@@ -41,6 +44,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, ClassVar
 
 from sim.config import PREFIX_CACHE_MODES
@@ -51,6 +55,7 @@ __all__ = ["PREFIX_CACHE_MODES", "BlockHashCache", "PrefixCachingKV", "make_kv"]
 #: Tokens per Mooncake ``hash_ids`` entry (FAST'25 traces).
 MOONCAKE_BLOCK_TOKENS = 512
 _ROOT = 0x5E12E51
+_OPEN = 1 << 62  # the answer segment's end block
 
 Segments = tuple[tuple[int, int], ...]
 
@@ -75,56 +80,37 @@ def mooncake_segments(hash_ids: Sequence[int], num_prompt_tokens: int, request_i
     """A Mooncake prompt as segments: one per hash id, ``tokens_per_id`` tokens each, the
     last cut to the prompt's end; ids beyond the prompt are ignored, and tokens beyond the
     ids (never in the shared traces) form a segment of the request's own."""
-    out: list[tuple[int, int]] = []
-    left = num_prompt_tokens
-    for h in hash_ids:
-        if left <= 0:
-            break
-        n = min(tokens_per_id, left)
-        out.append((int(h), n))
-        left -= n
-    if left > 0:
-        out.append((unique_segment_id(request_id), left))
+    k = min(len(hash_ids), cdiv(num_prompt_tokens, tokens_per_id))
+    out = list(zip(hash_ids[:k], repeat(tokens_per_id, k), strict=True))
+    covered = k * tokens_per_id
+    if covered > num_prompt_tokens:
+        out[-1] = (out[-1][0], tokens_per_id - (covered - num_prompt_tokens))
+    elif covered < num_prompt_tokens:
+        out.append((unique_segment_id(request_id), num_prompt_tokens - covered))
     return tuple(out)
 
 
-def extend_block_hashes(req: Request, block_size: int, num_blocks: int,
-                        answer_chains: dict[Request, int] | None = None) -> list[int]:
-    """``req.block_hashes`` grown to hold the hashes of its first ``num_blocks`` blocks
-    (the caller makes sure their tokens are known). See the module docstring.
-    ``answer_chains`` memoizes the chain value of each request's answer segment, so
-    hashing a decode block does not walk the prompt's segments again."""
-    hashes = req.block_hashes
-    if hashes is None:
-        hashes = req.block_hashes = []
-    have = len(hashes)
-    if have >= num_blocks:
-        return hashes
-    e = (have + 1) * block_size
-    last = num_blocks * block_size
-    if answer_chains is not None and e > req.num_prompt_tokens:
-        chain = answer_chains.get(req)
-        if chain is not None:
-            hashes.extend(range(chain + e, chain + last + 1, block_size))
-            return hashes
+def prefix_spans(req: Request, block_size: int) -> list[tuple[int, int, int]]:
+    """``req.prefix_spans``, computed on first use: for each segment (the answer last,
+    open-ended) holding the end of at least one block, (its chain, the first block
+    ending in it, the block after the last one). See the module docstring."""
+    spans = req.prefix_spans
+    if spans is not None:
+        return spans
     segments = req.prompt_segments or (
         (unique_segment_id(req.request_id), req.num_prompt_tokens),)
+    spans = []
     chain, prev_len, start = _ROOT, 0, 0
     for sid, length in segments:
         chain = hash((chain, prev_len, sid))
         end = start + length
-        if e <= end:
-            stop = min(end, last)
-            hashes.extend(range(chain + e, chain + stop + 1, block_size))
-            e += ((stop - e) // block_size + 1) * block_size
-        if e > last:
-            return hashes
+        if end // block_size > start // block_size:
+            spans.append((chain, start // block_size, end // block_size))
         start, prev_len = end, length
     chain = hash((chain, prev_len, answer_segment_id(req.request_id)))
-    if answer_chains is not None:
-        answer_chains[req] = chain
-    hashes.extend(range(chain + e, chain + last + 1, block_size))
-    return hashes
+    spans.append((chain, start // block_size, _OPEN))
+    req.prefix_spans = spans
+    return spans
 
 
 @dataclass(slots=True)
@@ -153,10 +139,6 @@ class PrefixCacheStats:
         self.queried_tokens += req.num_tokens
         self.hit_tokens += hit_tokens
 
-    def add(self, other: PrefixCacheStats) -> None:
-        for name in self.__slots__:  # type: ignore[attr-defined]
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
 
 def prefix_cache_summary(mode: str, stats: PrefixCacheStats | None,
                          block_size: int) -> dict[str, Any]:
@@ -180,21 +162,31 @@ def prefix_cache_summary(mode: str, stats: PrefixCacheStats | None,
 
 
 class PrefixCachingKV(KVCacheManager):
-    """What both cache modes share: the hash -> block index, each block's hash (None
-    when not cached), how many of each request's blocks are registered, the lookup and
-    the statistics. Subclasses own the free pool, eviction and registration. Big
-    allocations, registrations and frees work on whole lists (prefills are hundreds of
-    blocks), keeping a cached run within about 2x the speed of the plain pool."""
+    """What both cache modes share: the per-segment slot lists, each cached block's place
+    in them (``_where``: its slot list, ``_where_i``: its position; None when the block
+    is not cached), how many of each request's blocks are registered, the lookup and the
+    statistics. Subclasses own the free pool, eviction and registration. Allocations,
+    inserts and frees of many blocks work on whole lists (a prefill chunk is hundreds of
+    blocks), to keep a cached run near the speed of the plain pool."""
 
-    __slots__ = ("_answer_chains", "_block_hash", "_committed", "_index", "stats")
+    __slots__ = ("_committed", "_evicted_since_purge", "_last_lookup", "_registered",
+                 "_slots", "_touched", "_where", "_where_i", "stats")
     mode: ClassVar[str] = ""
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         super().__init__(num_gpu_blocks, block_size)
-        self._index: dict[int, int] = {}
-        self._block_hash: list[int | None] = [None] * num_gpu_blocks
+        self._slots: dict[int, list[int]] = {}
+        self._where: list[list[int] | None] = [None] * num_gpu_blocks
+        self._where_i = [0] * num_gpu_blocks
+        self._evicted_since_purge = 0
         self._committed: dict[Request, int] = {}
-        self._answer_chains: dict[Request, int] = {}
+        # A waiting request's last hit length and the registrations counter then
+        # (for may_fit); blocks ever registered (a hit grows by at most one each).
+        self._last_lookup: dict[Request, tuple[int, int]] = {}
+        self._registered = 0
+        # The last hit asked about in num_new_blocks and how many of its blocks were
+        # free, for the admission that follows at once; reset by lookups and admissions.
+        self._touched: tuple[list[int] | None, int] = (None, 0)
         self.stats = PrefixCacheStats()
 
     @property
@@ -206,8 +198,8 @@ class PrefixCachingKV(KVCacheManager):
         return need <= self.num_free_blocks
 
     def num_cached_blocks(self) -> int:
-        """Blocks whose hash is in the index (held or free)."""
-        return len(self._index)
+        """Blocks in the index (held or free)."""
+        return sum(1 for w in self._where if w is not None)
 
     def summary(self) -> dict[str, Any]:
         return prefix_cache_summary(self.mode, self.stats, self.block_size)
@@ -217,32 +209,50 @@ class PrefixCachingKV(KVCacheManager):
         """The cached blocks of ``req``'s longest cached prefix, at most (num_tokens - 1)
         // block_size of them, so the last known token is always computed (vLLM's
         ``max_cache_hit_length``; SGLang's ``input_len - 1``). Changes nothing."""
-        bs = self.block_size
-        limit = (req.num_tokens - 1) // bs
-        if limit <= 0:
-            return []
-        hashes = extend_block_hashes(req, bs, limit)
-        get = self._index.get
+        limit = (req.num_tokens - 1) // self.block_size
         hit: list[int] = []
-        i, step = 0, 16
-        while i < limit:
-            j = min(i + step, limit)
-            found = list(map(get, hashes[i:j]))
-            if None in found:
-                hit += found[:found.index(None)]
+        slots_of = self._slots.get
+        for chain, j0, j1 in prefix_spans(req, self.block_size):
+            if j0 >= limit:
                 break
-            hit += found
-            i, step = j, step * 2
-        return hit  # type: ignore[return-value]
+            slots = slots_of(chain)
+            if slots is None:
+                break
+            want = min(j1, limit) - j0
+            got = slots[:want]
+            if 0 in got:
+                hit += got[:got.index(0)]
+                break
+            hit += got
+            if len(got) < want:
+                break
+        self._last_lookup[req] = (len(hit), self._registered)
+        self._touched = (None, 0)
+        return hit
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of ``req``'s prompt a lookup now would find cached."""
         return len(self.get_computed_blocks(req)) * self.block_size
 
+    def may_fit(self, req: Request, num_tokens: int, reserve: int = 0) -> bool:
+        """False when admitting ``req`` for ``num_tokens`` tokens certainly needs more
+        than the free blocks less ``reserve``, judged without a lookup: its hit can
+        have grown since its last lookup by at most the blocks registered since. A
+        head of waiting blocked for lack of blocks is then not looked up every step."""
+        last = self._last_lookup.get(req)
+        if last is None:
+            return True
+        bound = last[0] + self._registered - last[1]
+        return cdiv(num_tokens, self.block_size) - bound <= self.num_free_blocks - reserve
+
     def num_new_blocks(self, req: Request, hit: list[int], num_tokens: int) -> int:
         """Free blocks that admitting ``req`` with ``hit`` for ``num_tokens`` tokens
         would take: new blocks plus the hit blocks that were free (evictable)."""
-        touched = list(map(self._ref_cnt.__getitem__, hit)).count(0)
+        if hit is self._touched[0]:  # asked again about the same lookup, nothing changed
+            touched = self._touched[1]
+        else:
+            touched = list(map(self._ref_cnt.__getitem__, hit)).count(0)
+            self._touched = (hit, touched)
         return cdiv(num_tokens, self.block_size) - len(hit) - len(req.block_ids) + touched
 
     def allocate_cached(self, req: Request, hit: list[int], num_tokens: int) -> bool:
@@ -250,25 +260,80 @@ class PrefixCachingKV(KVCacheManager):
         ``num_tokens`` tokens; False (nothing changes) when the blocks do not fit."""
         raise NotImplementedError
 
+    # -- the index --
+    def _slot_ranges(self, req: Request, done: int, full: int
+                     ) -> list[tuple[list[int], int, int, int]]:
+        """(slot list, first slot, end slot, first block) of the request's blocks
+        [done, full), segment by segment; slot lists are created and grown as needed."""
+        out = []
+        slots_of = self._slots
+        for chain, j0, j1 in prefix_spans(req, self.block_size):
+            if j1 <= done:
+                continue
+            if j0 >= full:
+                break
+            a = max(done, j0)
+            i0, i1 = a - j0, min(full, j1) - j0
+            slots = slots_of.get(chain)
+            if slots is None:
+                slots = slots_of[chain] = []
+            if len(slots) < i1:
+                slots += repeat(0, i1 - len(slots))
+            out.append((slots, i0, i1, a))
+        return out
+
+    def _index_blocks(self, slots: list[int], i0: int, blocks: list[int]) -> None:
+        """Put ``blocks`` (not cached yet) into empty slots ``i0`` on of ``slots``."""
+        slots[i0:i0 + len(blocks)] = blocks
+        where, where_i = self._where, self._where_i
+        for b in blocks:
+            where[b] = slots
+        for b, i in zip(blocks, range(i0, i0 + len(blocks)), strict=True):
+            where_i[b] = i
+
+    def _unindex(self, blocks: list[int]) -> None:
+        """Take cached ``blocks`` out of their slots (an eviction)."""
+        where, where_i = self._where, self._where_i
+        for b in blocks:
+            where[b][where_i[b]] = 0  # type: ignore[index]
+            where[b] = None
+        self._count_evictions(len(blocks))
+
+    def _count_evictions(self, n: int) -> None:
+        """Count ``n`` evicted blocks; now and then drop the slot lists left empty."""
+        self.stats.evicted_blocks += n
+        self._evicted_since_purge += n
+        if self._evicted_since_purge > 32 * self.num_gpu_blocks:
+            self._evicted_since_purge = 0
+            self._slots = {c: s for c, s in self._slots.items() if any(s)}
+
     def _register(self, req: Request, full: int) -> None:
         """Index the request's first ``full`` blocks (all full, their tokens known) from
         the first one not indexed yet; the caller checks there is one."""
         raise NotImplementedError
 
-    def _release(self, request: Request) -> None:
+    def _release(self, request: Request) -> int:
         """Before freeing: index every computed full block not indexed yet (decode
         blocks, and prompt blocks that filled without a later allocation), then forget
-        the request."""
+        the request. Returns how many of its blocks (its first ones) are indexed."""
         full = request.num_computed_tokens // self.block_size
         if full > self._committed.get(request, 0):
             self._register(request, full)
-        self._committed.pop(request, None)
-        self._answer_chains.pop(request, None)
+        return self._committed.pop(request, 0)
+
+    def _unref(self, blocks: list[int]) -> list[int]:
+        """Drop one reference from each of ``blocks``; returns those left unreferenced,
+        last block first (vLLM frees tail first)."""
+        ref = self._ref_cnt
+        for b in blocks:
+            ref[b] -= 1
+        return [b for b in reversed(blocks) if not ref[b]]
 
     def _admitted(self, req: Request, hit: list[int]) -> None:
         """Book-keeping of an admission with ``hit``: its blocks are registered already,
         its computed tokens start at the hit."""
         self._committed[req] = len(hit)
+        self._last_lookup.pop(req, None)
         n = len(hit) * self.block_size
         req.num_computed_tokens = n
         self.stats.record(req, n)
@@ -276,22 +341,28 @@ class PrefixCachingKV(KVCacheManager):
     def _check_common(self, free: set[int]) -> None:
         ref = self._ref_cnt
         assert 0 not in free, "null block in free pool"
+        assert min(ref) >= 0, "a block was freed more often than held"
         for b in free:
             assert ref[b] == 0, f"free block {b} has ref {ref[b]}"
-        assert min(ref) >= 0, "a block was freed more often than held"
-        for h, b in self._index.items():
-            assert self._block_hash[b] == h, f"block {b} indexed under a hash it lacks"
-        assert sum(1 for h in self._block_hash if h is not None) == len(self._index)
+        where, where_i = self._where, self._where_i
+        cached = 0
+        for slots in self._slots.values():
+            for i, b in enumerate(slots):
+                if b:
+                    assert where[b] is slots and where_i[b] == i, f"block {b} misplaced"
+                    cached += 1
+        assert cached == self.num_cached_blocks(), "a block is indexed twice or not at all"
 
 
 class BlockHashCache(PrefixCachingKV):
     """vLLM V1's automatic prefix caching (``vllm/v1/core/block_pool.py``): every full
-    prompt block is registered under its chain hash when allocated; a freed block keeps its
-    hash and joins the tail of the free queue (a request's blocks tail first, so its
-    last blocks are evicted first); allocation takes the head of the queue, the least
-    recently freed block, and drops its hash then (an eviction). A hit on a free block
-    takes it out of the queue. Unlike vLLM, a block whose hash is already indexed (two
-    requests computing the same prefix at once) is not indexed a second time, and
+    prompt block is indexed under its identity (vLLM: its chained hash) when allocated; a
+    freed block stays indexed and joins the tail of the free queue (a request's blocks
+    tail first, so its last blocks are evicted first); allocation takes the head of the
+    queue, the least recently freed block, and drops it from the index then (an
+    eviction). A hit on a free block takes it out of the queue. Unlike vLLM, a block whose
+    content is indexed already (two requests computing the same prefix at once) is not
+    indexed a second time, and
     decode blocks are registered when the request releases its blocks (finish or
     preemption) rather than as they fill: only a later request can contain a request's
     generated tokens (the next turn of its session, or itself after a preemption), so
@@ -346,22 +417,31 @@ class BlockHashCache(PrefixCachingKV):
     def allocate_up_to(self, request: Request, num_tokens: int) -> list[int] | None:
         need = cdiv(num_tokens, self.block_size) - len(request.block_ids)
         new: list[int] = []
-        if need > 0:
+        if need == 1 and self._nfree and not self._nstale:  # a decode's next block
+            b = self._queue[self._head]
+            self._head += 1
+            self._nfree -= 1
+            if self._where[b] is not None:
+                self._unindex([b])
+            self._ref_cnt[b] = 1
+            request.block_ids.append(b)
+            new = [b]
+        elif need > 0:
             if need > self._nfree:
                 return None
             new = self._take(need)
-            block_hash, ref = self._block_hash, self._ref_cnt
-            hashes = list(map(block_hash.__getitem__, new))
-            cached = need - hashes.count(None)
-            if cached:  # evict: the blocks drop their hashes
-                index = self._index
-                for b, h in zip(new, hashes, strict=True):
-                    if h is not None:
-                        del index[h]
-                        block_hash[b] = None
-                self.stats.evicted_blocks += cached
+            where, where_i, ref = self._where, self._where_i, self._ref_cnt
+            cached = need
             for b in new:
+                w = where[b]
+                if w is None:
+                    cached -= 1
+                else:  # evict: the block leaves its slot
+                    w[where_i[b]] = 0
+                    where[b] = None
                 ref[b] = 1
+            if cached:
+                self._count_evictions(cached)
             request.block_ids.extend(new)
         full = min(num_tokens, request.num_prompt_tokens) // self.block_size
         if full > self._committed.get(request, 0):
@@ -369,20 +449,20 @@ class BlockHashCache(PrefixCachingKV):
         return new
 
     def _register(self, req: Request, full: int) -> None:
-        bs = self.block_size
         done = self._committed.get(req, 0)
-        hs = extend_block_hashes(req, bs, full, self._answer_chains)[done:full]
-        blocks = req.block_ids[done:full]  # allocated after any hit: none is indexed
-        index, block_hash = self._index, self._block_hash
-        if any(map(index.__contains__, hs)):
-            pairs = [(h, b) for h, b in zip(hs, blocks, strict=True) if h not in index]
-            index.update(pairs)
-            for h, b in pairs:
-                block_hash[b] = h
-        else:
-            index.update(zip(hs, blocks, strict=True))
-            for h, b in zip(hs, blocks, strict=True):
-                block_hash[b] = h
+        blocks = req.block_ids  # those from done on were allocated after any hit
+        where, where_i = self._where, self._where_i
+        for slots, i0, i1, a in self._slot_ranges(req, done, full):
+            mine = blocks[a:a + i1 - i0]
+            if not any(slots[i0:i1]):
+                self._index_blocks(slots, i0, mine)
+                continue
+            for i, b in zip(range(i0, i1), mine, strict=True):
+                if not slots[i]:  # first one wins: a copy cached already stays
+                    slots[i] = b
+                    where[b] = slots
+                    where_i[b] = i
+        self._registered += full - done
         self._committed[req] = full
 
     def allocate_cached(self, req: Request, hit: list[int], num_tokens: int) -> bool:
@@ -397,19 +477,14 @@ class BlockHashCache(PrefixCachingKV):
             ref[b] += 1
         req.block_ids = list(hit)
         self._admitted(req, hit)
+        self._touched = (None, 0)
         ok = self.allocate_up_to(req, num_tokens)
         assert ok is not None, "checked above"
         return True
 
     def free(self, request: Request) -> int:
         self._release(request)
-        ref = self._ref_cnt
-        zero: list[int] = []
-        for b in reversed(request.block_ids):
-            left = ref[b] - 1
-            ref[b] = left
-            if not left:
-                zero.append(b)
+        zero = self._unref(request.block_ids)
         request.block_ids = []
         if zero:
             self._stamps += 1
@@ -419,6 +494,10 @@ class BlockHashCache(PrefixCachingKV):
             self._queue += zero
             self._qstamp += [s] * len(zero)
             self._nfree += len(zero)
+            h = self._head
+            if h > 4096 and h * 2 > len(self._queue):  # drop the consumed entries
+                del self._queue[:h], self._qstamp[:h]
+                self._head = 0
         return len(zero)
 
     def free_queue(self) -> list[int]:

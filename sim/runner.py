@@ -25,7 +25,7 @@ from scenarios.workload import Workload
 from sim.cluster import ROUTERS
 from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
-from sim.engine import ReleaseHook, StepObserver
+from sim.engine import ReleaseHook, StepExecutor, StepObserver
 from sim.metrics import compress_steps
 from sim.prefix_cache import mooncake_segments
 from sim.simulate import SimResult, simulate
@@ -227,11 +227,14 @@ def _cost_model(cfg: RunConfig, model: Any, gpu: Any) -> tuple[CostModel, str]:
 
 def simulate_prepared(
     prep: Prepared, progress: Callable[[int], None] | None = None,
-    observer: StepObserver | None = None,
+    observer: StepObserver | None = None, executor: StepExecutor | None = None,
+    fast_path: bool = True,
 ) -> SimResult:
     """Run the engine over the prepared workload; ``progress(num_done)`` is called about
     100 times over the workload's arrival span; ``observer`` after every step (see
-    sim.engine.StepObserver; the slot diagram uses it)."""
+    sim.engine.StepObserver; the slot diagram uses it); ``executor`` runs every step for
+    real and times it instead of the cost model (sim.engine.StepExecutor; validation);
+    ``fast_path`` False runs the step-by-step reference (sim/fastpath.py)."""
     w, cfg = prep.workload, prep.config
     arrivals, on_release = arrival_source(prep)
     span = float(w.arrival_time[-1] - w.arrival_time[0]) if len(w) else 0.0
@@ -239,17 +242,18 @@ def simulate_prepared(
         policy_factory=get_policy_class(cfg.policy), config=prep.scheduler,
         cost_model=prep.cost_model, num_gpu_blocks=prep.num_gpu_blocks,
         block_size=cfg.block_size, slo_ttft_s=cfg.slo_ttft, slo_tpot_s=cfg.slo_tpot,
-        progress=progress, on_release=on_release,
+        progress=progress, on_release=on_release, fast_path=fast_path,
         slice_s=span / 100 if span > 0 and cfg.concurrency is None else math.inf,
     )
     if cfg.replicas > 1:
-        if observer is not None:
-            raise ValueError("a step observer (slot diagram) needs replicas 1")
+        if observer is not None or executor is not None:
+            raise ValueError("a step observer (slot diagram) or executor (validation) needs "
+                             "replicas 1")
         from sim.cluster import simulate_cluster
 
         return simulate_cluster(arrivals, num_replicas=cfg.replicas, router=cfg.router,
                                 **common)
-    result = simulate(arrivals, observer=observer, **common)
+    result = simulate(arrivals, observer=observer, executor=executor, **common)
     result.summary["replicas"] = [{"replica": 0, "num_routed": len(w), **result.summary}]
     return result
 

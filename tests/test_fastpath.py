@@ -53,6 +53,10 @@ def assert_nested_close(a: object, b: object) -> None:
         assert isinstance(b, dict) and a.keys() == b.keys()
         for k in a:
             assert_nested_close(a[k], b[k])
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_nested_close(x, y)
     elif isinstance(a, float) and isinstance(b, float):
         assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (a, b)
     else:
@@ -149,4 +153,26 @@ def test_decode_groups_equal_step_by_step(w: tuple[dict, SchedulerConfig, str, i
     assert_frames_close(fast.requests, ref.requests)
     assert_frames_close(fast.steps, ref.steps)
     np.testing.assert_allclose(np.sort(fast.itl_s), np.sort(ref.itl_s), rtol=1e-9)
+    assert_nested_close(fast.summary, ref.summary)
+
+
+@pytest.mark.parametrize(("scenario", "cache", "policy", "blocks"), [
+    ("system-prompts", "block", "chunked", 900),
+    ("system-prompts", "radix", "continuous", 900),
+    ("multi-turn", "block", "continuous", 1500),
+    ("multi-turn", "radix", "chunked", 1500),
+])
+def test_fast_path_with_prefix_caching(scenario: str, cache: str, policy: str,
+                                       blocks: int) -> None:
+    """Decode groups and steady runs under a prefix cache, in a pool tight enough to
+    evict: the same records as the step-by-step reference."""
+    from sim.runner import RunConfig, prepare, simulate_prepared
+
+    prep = prepare(RunConfig(scenario=scenario, num_requests=150, rate=40.0, policy=policy,
+                             prefix_cache=cache, num_gpu_blocks=blocks, max_num_seqs=24))
+    ref = simulate_prepared(prep, fast_path=False)
+    fast = simulate_prepared(prep, fast_path=True)
+    assert ref.summary["prefix_cache"]["evictions"] > 0
+    assert_frames_close(fast.requests, ref.requests)
+    assert_frames_close(fast.steps, ref.steps)
     assert_nested_close(fast.summary, ref.summary)

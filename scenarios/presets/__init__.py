@@ -22,6 +22,19 @@ clipped to the range observed in the trace; statistics from /work/shared/traces/
   with this sigma puts 27% of its mass below 6, and clipping would pile it there). Clipped
   means about 1,975 (2.3% of prompts at 7,437) and 27.8.
 - ``teaching``: 6 requests all at t = 0, 4-token prompts, output_len 8, 2, 3, 4, 4, 6.
+- ``cpu-chat``: short chat sized for validating on a CPU (``servesim validate`` with the
+  shipped CPU profile, docs/fidelity.md): Poisson at 0.5 req/s, 200 requests; prompt
+  log-normal median 96, sigma 0.6, clipped to [32, 256]; output median 24, sigma 0.6,
+  clipped to [8, 64]. Every step stays inside the profile's measured grid (32 seqs, 512
+  batched tokens, context 2048).
+- ``system-prompts`` (issue 9, prefix caching): ``default`` traffic whose prompts each
+  start with one of 8 system prompts of 2,048 tokens, Zipf 1.0 popularity (the most
+  popular in 37% of requests), then the chat-length user message.
+- ``multi-turn`` (issue 9): chat sessions of 5 turns on average behind a shared 1,024-token
+  system prompt; each turn's prompt is the previous prompt plus its answer plus a new
+  chat-length message, 30 s think time on average, contexts up to 32,768 tokens.
+  Sessions start at 0.4/s (rate 2 / 5 turns), about 2 req/s once sessions overlap;
+  the 1,000 requests span about 990 s as the last sessions' turns trail on.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import numpy as np
 
 from scenarios.arrivals import ARRIVAL_PROCESSES
 from scenarios.lengths import Independent, InOrder, LengthModel, LogNormal
+from scenarios.prefixes import MultiTurn, PrefixModel, SharedPrefixes
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +70,7 @@ class ScenarioSpec:
     burstiness: float = 1.0
     burst_size: int = 8
     max_tokens: int | None = None
+    prefix: PrefixModel | None = None
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVAL_PROCESSES:
@@ -81,6 +96,10 @@ AZURE_CONV_LENGTHS = Independent(
 AZURE_CODE_LENGTHS = Independent(
     prompt=LogNormal.from_mean_median(mean=2047.9, median=1469, min_len=3, max_len=7437),
     output=LogNormal.from_mean_median(mean=27.9, median=13, min_len=1, max_len=1899),
+)
+CPU_CHAT_LENGTHS = Independent(
+    prompt=LogNormal(median=96, sigma=0.6, min_len=32, max_len=256),
+    output=LogNormal(median=24, sigma=0.6, min_len=8, max_len=64),
 )
 
 _PRESETS: dict[str, ScenarioSpec] = {
@@ -110,6 +129,26 @@ _PRESETS: dict[str, ScenarioSpec] = {
             lengths=InOrder(num_prompt_tokens=np.full(6, 4),
                             output_len=np.array([8, 2, 3, 4, 4, 6])),
             arrival="constant", rate=math.inf, num_requests=6,
+        ),
+        ScenarioSpec(
+            name="cpu-chat",
+            description="short chat for CPU validation: Poisson 0.5 req/s, prompts 32-256, "
+                        "outputs 8-64",
+            lengths=CPU_CHAT_LENGTHS, arrival="poisson", rate=0.5, num_requests=200,
+        ),
+        ScenarioSpec(
+            name="system-prompts",
+            description="chat behind 8 shared 2,048-token system prompts (Zipf 1.0); "
+                        "for --prefix-cache",
+            lengths=AZURE_CONV_LENGTHS, arrival="poisson", rate=5.0, num_requests=1000,
+            prefix=SharedPrefixes(num_prefixes=8, prefix_len=2048, zipf=1.0),
+        ),
+        ScenarioSpec(
+            name="multi-turn",
+            description="chat sessions (5 turns on average, 30 s think time) behind a "
+                        "1,024-token system prompt; for --prefix-cache",
+            lengths=AZURE_CONV_LENGTHS, arrival="poisson", rate=2.0, num_requests=1000,
+            prefix=MultiTurn(mean_turns=5.0, think_time_s=30.0, system_prompt_len=1024),
         ),
     )
 }
