@@ -242,7 +242,7 @@ def simulate_prepared(
         policy_factory=get_policy_class(cfg.policy), config=prep.scheduler,
         cost_model=prep.cost_model, num_gpu_blocks=prep.num_gpu_blocks,
         block_size=cfg.block_size, slo_ttft_s=cfg.slo_ttft, slo_tpot_s=cfg.slo_tpot,
-        progress=progress, on_release=on_release, fast_path=fast_path,
+        progress=progress, on_release=on_release,
         slice_s=span / 100 if span > 0 and cfg.concurrency is None else math.inf,
     )
     if cfg.replicas > 1:
@@ -253,7 +253,8 @@ def simulate_prepared(
 
         return simulate_cluster(arrivals, num_replicas=cfg.replicas, router=cfg.router,
                                 **common)
-    result = simulate(arrivals, observer=observer, executor=executor, **common)
+    result = simulate(arrivals, observer=observer, executor=executor, fast_path=fast_path,
+                      **common)
     result.summary["replicas"] = [{"replica": 0, "num_routed": len(w), **result.summary}]
     return result
 
