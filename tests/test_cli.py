@@ -120,6 +120,7 @@ def test_bad_input_one_line_exit_1(tmp_path: Path, args: list[str], needle: str)
     ("0.5,abc,3", "line 3: num_prompt_tokens 'abc'"),
     ("0.5,0,3", "line 3: num_prompt_tokens 0"),
     ("0.5,5,-2", "line 3: output_len -2"),
+    ("0.5,5,0", "line 3: output_len 0"),  # case K05: a zero-token output is an input error
 ])
 def test_malformed_trace_rows(tmp_path: Path, row: str, needle: str) -> None:
     trace = write_csv(tmp_path / "t.csv", ["0,10,5", row])
