@@ -12,7 +12,8 @@ time the real architecture honestly; they only cost nothing to download. The one
 values matter is MoE routing (which experts get which tokens): a random router spreads
 tokens roughly evenly, which real routers only approximate.
 
-This module and calibration/measure.py are the only importers of torch.
+This module, calibration/measure.py and calibration/executor.py (real runs for
+``servesim validate``) are the only importers of torch.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ class _StepPlan:
 
     positions: torch.Tensor  # [T] absolute position of each token
     decode_slots: list[int]
-    decode_keys: int  # keys read per decode = max(context) + 1
-    decode_mask: torch.Tensor | None  # [B, 1, 1, decode_keys] bool; None when uniform
+    # One attention call per group of consecutive decodes: (first row, rows, keys read per
+    # decode = the group's max context + 1, [rows, 1, 1, keys] bool mask or None if uniform).
+    decode_groups: list[tuple[int, int, int, torch.Tensor | None]]
     chunks: list[tuple[int, int, int, int, torch.Tensor | None]]  # slot, start, c, n, mask
     sample_rows: torch.Tensor  # [S] rows of the flattened batch that reach the LM head
 
@@ -162,14 +164,16 @@ class Attention(nn.Module):
             slots = torch.arange(first, first + b, device=x.device)
             kc[slots, :, plan.positions[:b]] = k[:b]
             vc[slots, :, plan.positions[:b]] = v[:b]
-            keys = kc[first:first + b, :, :plan.decode_keys]
-            vals = vc[first:first + b, :, :plan.decode_keys]
             # A decode's query heads that share a KV head go in as that head's query rows:
             # no causal mask is needed among them and no KV head is copied (enable_gqa is
             # several times slower for bf16 on CPU).
             qg = q[:b].view(b, self.kv, self.h // self.kv, self.d)
-            o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=plan.decode_mask)
-            out[:b] = o.reshape(b, self.h, self.d)
+            for r, n, keys, mask in plan.decode_groups:
+                s0 = first + r
+                o = F.scaled_dot_product_attention(
+                    qg[r:r + n], kc[s0:s0 + n, :, :keys], vc[s0:s0 + n, :, :keys],
+                    attn_mask=mask)
+                out[r:r + n] = o.reshape(n, self.h, self.d)
         for slot, start, c, n, mask in plan.chunks:
             kc[slot, :, c:c + n] = k[start:start + n].transpose(0, 1)
             vc[slot, :, c:c + n] = v[start:start + n].transpose(0, 1)
@@ -255,20 +259,35 @@ class Decoder(nn.Module):
         """Bytes of parameters held (the tied LM head counted once)."""
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
-    def _plan(self, cache: KVCache, decode_slots: Sequence[int],
-              chunks: Sequence[Chunk]) -> _StepPlan:
+    def _decode_groups(self, ctx: list[int], sizes: Sequence[int] | None,
+                       capacity: int) -> list[tuple[int, int, int, torch.Tensor | None]]:
+        """(first row, rows, keys, mask) of each decode group; one group by default."""
+        sizes = [len(ctx)] if sizes is None else list(sizes)
+        if sum(sizes) != len(ctx) or any(n < 1 for n in sizes):
+            raise ValueError(f"decode_groups {sizes} must be sizes >= 1 summing to the "
+                             f"{len(ctx)} decodes")
+        out, r = [], 0
+        for n in sizes:
+            part = ctx[r:r + n]
+            keys = max(part) + 1
+            if keys > capacity:
+                raise ValueError(f"a decode after {keys - 1} tokens does not fit the "
+                                 f"capacity {capacity}")
+            mask = None
+            if min(part) != max(part):  # pad to the group's longest context, masked
+                lim = torch.tensor(part, device=self.device).view(-1, 1, 1, 1)
+                mask = torch.arange(keys, device=self.device).view(1, 1, 1, -1) <= lim
+            out.append((r, n, keys, mask))
+            r += n
+        return out
+
+    def _plan(self, cache: KVCache, decode_slots: Sequence[int], chunks: Sequence[Chunk],
+              decode_groups: Sequence[int] | None = None) -> _StepPlan:
         dev = self.device
         ctx = [cache.lengths[s] for s in decode_slots]
         if ctx and list(decode_slots) != list(range(decode_slots[0], decode_slots[0] + len(ctx))):
             raise ValueError("decode_slots must be a contiguous ascending run of slots")
-        keys = max(ctx) + 1 if ctx else 0
-        if keys > cache.shape[2]:
-            raise ValueError(f"a decode after {keys - 1} tokens does not fit the capacity "
-                             f"{cache.shape[2]}")
-        dmask = None
-        if ctx and min(ctx) != max(ctx):
-            lim = torch.tensor(ctx, device=dev).view(-1, 1, 1, 1)
-            dmask = torch.arange(keys, device=dev).view(1, 1, 1, -1) <= lim
+        groups = self._decode_groups(ctx, decode_groups, cache.shape[2]) if ctx else []
         positions, sample_rows, plans = list(ctx), list(range(len(ctx))), []
         start = len(ctx)
         for ch in chunks:
@@ -285,16 +304,22 @@ class Decoder(nn.Module):
             start += n
             if ch.sample:
                 sample_rows.append(start - 1)
-        return _StepPlan(torch.tensor(positions, device=dev), list(decode_slots), keys, dmask,
+        return _StepPlan(torch.tensor(positions, device=dev), list(decode_slots), groups,
                          plans, torch.tensor(sample_rows, device=dev, dtype=torch.long))
 
     @torch.inference_mode()
     def step(self, cache: KVCache, decode_slots: Sequence[int] = (),
              chunks: Sequence[Chunk] = (), gen: torch.Generator | None = None,
-             token_ids: torch.Tensor | None = None) -> torch.Tensor:
+             token_ids: torch.Tensor | None = None,
+             decode_groups: Sequence[int] | None = None) -> torch.Tensor:
         """Run one step: one token for each slot in ``decode_slots`` (a contiguous run of
         slots, each over its cached context) and every prefill chunk, then the LM head on
         the sampled rows. Advances ``cache.lengths``.
+
+        decode_groups: sizes of consecutive runs of the decodes, each attended in its own
+        call over its own longest context (default: one call over all, padded to the
+        longest context with a mask; the calibration grid uses uniform contexts). Grouping
+        decodes of similar context avoids most of the padding, as a paged kernel does.
 
         token_ids: [T] input ids, decodes first then each chunk's tokens (default: random
         from ``gen``; timing does not depend on them, tests of correctness do).
@@ -302,7 +327,7 @@ class Decoder(nn.Module):
         Raises ValueError when a chunk overflows its slot, decode slots are not a run, or
         token_ids has the wrong length.
         """
-        plan = self._plan(cache, decode_slots, chunks)
+        plan = self._plan(cache, decode_slots, chunks, decode_groups)
         t = plan.positions.numel()
         if t == 0:
             raise ValueError("a step needs at least one decode or prefill chunk")

@@ -26,6 +26,11 @@ from sim.prefix_cache import PrefixCachingKV
 from sim.request import Request, RequestStatus
 
 
+#: ``prefix_hit``'s answer when admission certainly fails for lack of blocks (an empty
+#: hit, so a caller that does not look for it fails the admission as before).
+NO_FIT: list[int] = []
+
+
 @runtime_checkable
 class Policy(Scheduler, Protocol):
     """What the engine calls (sim.engine.Scheduler), plus a name. See the module
@@ -126,14 +131,17 @@ class QueuePolicy:
                    ) -> list[int] | None:
         """The cached blocks a waiting request would reuse ([] for none), or None when
         there is no prefix cache (then admit with ``allocate`` as always). ``whole``:
-        admission needs blocks for all its tokens plus ``reserve`` free; then [] when
-        that certainly fails, without a lookup (the admission fails all the same)."""
+        admission needs blocks for all its tokens plus ``reserve`` free; then
+        ``NO_FIT`` (an empty hit) when that certainly fails, without a lookup: the
+        admission fails all the same, so a caller may stop at once."""
         cache = self.prefix_cache
         if cache is None:
             return None
-        if whole and not cache.may_fit(req, self.target_tokens(req, req.num_new_tokens),
+        # A prefix cache allocates paged: target_tokens(req, req.num_new_tokens) is
+        # num_tokens.
+        if whole and not cache.may_fit(req, req.num_prompt_tokens + req.num_output_tokens,
                                        reserve):
-            return []
+            return NO_FIT
         return cache.get_computed_blocks(req)
 
     def allocate_cached(self, req: Request, hit: list[int], num_new_tokens: int) -> bool:

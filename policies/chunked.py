@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from policies.base import QueuePolicy
+from policies.base import NO_FIT, QueuePolicy
 from sim.batch import BatchPlan, SteadyDecode
 from sim.decode_group import DecodeGroup
 from sim.request import Request
@@ -109,6 +109,8 @@ class ChunkedPolicy(QueuePolicy):
             req = waiting.peek()
             n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
             hit = self.prefix_hit(req, cfg.scheduler_reserve_full_isl)  # None: no cache
+            if hit is NO_FIT:
+                break
             if hit:
                 n -= len(hit) * kv.block_size  # only the uncached tokens are computed
             if threshold and n > threshold:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from policies.base import QueuePolicy
+from policies.base import NO_FIT, QueuePolicy
 from sim.batch import BatchPlan, SteadyDecode
 from sim.decode_group import DecodeGroup
 from sim.request import Request
@@ -87,6 +87,8 @@ class ContinuousPolicy(QueuePolicy):
             n = req.num_new_tokens
             reserve = self.watermark_blocks if self.running else 0
             hit = self.prefix_hit(req, True, reserve)  # None without a prefix cache
+            if hit is NO_FIT:
+                break
             if hit:
                 n -= len(hit) * kv.block_size  # only the uncached tokens are computed
             if n > budget and scheduled:

@@ -180,11 +180,10 @@ class DecodeGroup:
             for e in due:
                 heappush(self._cross, e)
             return None
-        kv, bs, base = self._kv, self._kv.block_size, self._base
-        for s, j, r in due:
-            g0, c0, _, _ = base[r]
-            assert kv.allocate_up_to(r, c0 + (s - g0)) is not None
+        bs = self._kv.block_size
+        for s, j, r in due:  # each holds c0 + (s - g0) - 1 tokens' blocks: one more
             heappush(self._cross, (s + bs, j, r))
+        self._kv.allocate_one_each([e[2] for e in due])
         return [len(due)]
 
     def safe_steps(self, limit: int, num_free_blocks: int) -> int:

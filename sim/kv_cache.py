@@ -10,9 +10,9 @@ so it holds ceil((P + O - 1) / block_size) blocks at its end.
 
 In this plain pool a block is free or held by exactly one request, so a request's
 ``block_ids`` is the whole story and no per-block bookkeeping runs on the hot path:
-allocation and freeing move slices of the free list. Sharing, and so reference counts
-(``_ref_cnt``, kept here for them), belong to the prefix-caching pools
-(sim/prefix_cache.py, sim/radix_cache.py), which override allocate_up_to and free.
+allocation and freeing move slices of the free list. Sharing, and so reference counts,
+belong to the prefix-caching pools (sim/prefix_cache.py, sim/radix_cache.py), which
+override allocate_up_to and free.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class KVCacheManager:
     or block_size < 1.
     """
 
-    __slots__ = ("_free", "_ref_cnt", "block_size", "num_gpu_blocks")
+    __slots__ = ("_free", "block_size", "num_gpu_blocks")
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         if block_size < 1:
@@ -48,7 +48,6 @@ class KVCacheManager:
         self.block_size = block_size
         # Popping from the end hands out the lowest ids first (block 0 = null block).
         self._free: list[int] = list(range(num_gpu_blocks - 1, 0, -1))
-        self._ref_cnt: list[int] = [0] * num_gpu_blocks
 
     @property
     def num_usable_blocks(self) -> int:
@@ -100,6 +99,14 @@ class KVCacheManager:
         new.reverse()
         request.block_ids.extend(new)
         return new
+
+    def allocate_one_each(self, requests: list[Request]) -> None:
+        """Give each of ``requests`` one more block, in order: decoding requests whose
+        held blocks are full (the caller checked the free blocks suffice). The same as
+        allocate_up_to for one block more, request by request."""
+        free = self._free
+        for r in requests:
+            r.block_ids.append(free.pop())
 
     def free(self, request: Request) -> int:
         """Release every block of ``request`` (tail first, as vLLM frees); returns how

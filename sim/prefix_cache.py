@@ -19,11 +19,12 @@ token before its end e = (j+1)*bs, i.e. by (the segment chain through the segmen
 holds token e - 1, e), with ``chain_0 = hash((ROOT, 0, id_0))`` and ``chain_k+1 =
 hash((chain_k, len_k, id_k+1))`` (64-bit tuple hashes; equal chains mean equal prefixes up
 to collisions), which plays the part of vLLM's chained block hash (``hash(parent, block
-tokens)``). Blocks are therefore indexed per segment: ``_slots[chain_k]`` lists the cached
-blocks of the full blocks ending in segment k, in order (0 = not cached), and a request
-keeps its *spans*, (chain_k, first block, end block) per segment (``prefix_spans``,
-computed once, lazily: no token lists, no per-block hashes), so lookups and inserts are
-list slices. Only full blocks are cached, and only as far as their tokens are known
+tokens)``). Blocks are therefore indexed per segment: a request keeps its *spans*,
+(chain_k, first block, end block) per segment (``prefix_spans``, computed once, lazily:
+no token lists, no per-block hashes), and the index (sim/prefix_index.py) gives each
+(chain_k, block within it) a fixed slot, so a request's blocks map to an array of
+slots and lookups, inserts and evictions of a whole chunk are array operations. Only
+full blocks are cached, and only as far as their tokens are known
 (prompt, then sampled tokens). When bs divides 512, block j of a Mooncake prompt lies in
 Mooncake block j*bs // 512 and is named by (the Mooncake ids up to that block,
 sub-index); when it does not, a block straddling two Mooncake blocks is named by the
@@ -44,11 +45,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any, ClassVar
+
+import numpy as np
 
 from sim.config import PREFIX_CACHE_MODES
 from sim.kv_cache import KVCacheManager, cdiv
+from sim.prefix_index import PrefixIndex
 from sim.request import Request
 
 __all__ = ["PREFIX_CACHE_MODES", "BlockHashCache", "PrefixCachingKV", "make_kv"]
@@ -56,6 +60,7 @@ __all__ = ["PREFIX_CACHE_MODES", "BlockHashCache", "PrefixCachingKV", "make_kv"]
 MOONCAKE_BLOCK_TOKENS = 512
 _ROOT = 0x5E12E51
 _OPEN = 1 << 62  # the answer segment's end block
+_NO_BLOCKS = np.zeros(0, np.int64)
 
 Segments = tuple[tuple[int, int], ...]
 
@@ -90,25 +95,27 @@ def mooncake_segments(hash_ids: Sequence[int], num_prompt_tokens: int, request_i
     return tuple(out)
 
 
-def prefix_spans(req: Request, block_size: int) -> list[tuple[int, int, int]]:
+def prefix_spans(req: Request, block_size: int) -> list[int]:
     """``req.prefix_spans``, computed on first use: for each segment (the answer last,
-    open-ended) holding the end of at least one block, (its chain, the first block
-    ending in it, the block after the last one). See the module docstring."""
+    open-ended) holding the end of at least one block, its chain, the first block ending
+    in it and the block after the last one, flat (three ints a segment: no tuple per
+    segment for the garbage collector to visit). See the module docstring."""
     spans = req.prefix_spans
     if spans is not None:
         return spans
     segments = req.prompt_segments or (
         (unique_segment_id(req.request_id), req.num_prompt_tokens),)
     spans = []
-    chain, prev_len, start = _ROOT, 0, 0
+    chain, prev_len, start, j0 = _ROOT, 0, 0, 0
     for sid, length in segments:
         chain = hash((chain, prev_len, sid))
-        end = start + length
-        if end // block_size > start // block_size:
-            spans.append((chain, start // block_size, end // block_size))
-        start, prev_len = end, length
+        start += length
+        j1 = start // block_size
+        if j1 > j0:
+            spans += (chain, j0, j1)
+        prev_len, j0 = length, j1
     chain = hash((chain, prev_len, answer_segment_id(req.request_id)))
-    spans.append((chain, start // block_size, _OPEN))
+    spans += (chain, j0, _OPEN)
     req.prefix_spans = spans
     return spans
 
@@ -162,28 +169,30 @@ def prefix_cache_summary(mode: str, stats: PrefixCacheStats | None,
 
 
 class PrefixCachingKV(KVCacheManager):
-    """What both cache modes share: the per-segment slot lists, each cached block's place
-    in them (``_where``: its slot list, ``_where_i``: its position; None when the block
-    is not cached), how many of each request's blocks are registered, the lookup and the
-    statistics. Subclasses own the free pool, eviction and registration. Allocations,
-    inserts and frees of many blocks work on whole lists (a prefill chunk is hundreds of
-    blocks), to keep a cached run near the speed of the plain pool."""
+    """What both cache modes share: the block index (sim/prefix_index.py), reference
+    counts (a numpy array, so a chunk's blocks are counted in one operation), how many of
+    each request's blocks are registered, the lookup and the statistics. Subclasses own
+    the free pool, eviction and registration."""
 
-    __slots__ = ("_committed", "_evicted_since_purge", "_last_lookup", "_registered",
-                 "_slots", "_touched", "_where", "_where_i", "stats")
+    __slots__ = ("_arrays", "_committed", "_index", "_last_hit", "_last_lookup", "_ref_cnt",
+                 "_registered", "_touched", "stats")
     mode: ClassVar[str] = ""
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         super().__init__(num_gpu_blocks, block_size)
-        self._slots: dict[int, list[int]] = {}
-        self._where: list[list[int] | None] = [None] * num_gpu_blocks
-        self._where_i = [0] * num_gpu_blocks
-        self._evicted_since_purge = 0
+        self._ref_cnt = np.zeros(num_gpu_blocks, np.int64)
+        self._index = PrefixIndex(num_gpu_blocks, block_size,
+                                  lambda req: prefix_spans(req, block_size))
         self._committed: dict[Request, int] = {}
+        # A holding request's block_ids as an array: [buffer, n], buffer[:n] ==
+        # block_ids[:n]; blocks appended one at a time (decodes) are copied when needed.
+        self._arrays: dict[Request, list[Any]] = {}
         # A waiting request's last hit length and the registrations counter then
         # (for may_fit); blocks ever registered (a hit grows by at most one each).
         self._last_lookup: dict[Request, tuple[int, int]] = {}
         self._registered = 0
+        # The last hit returned, as a list and as an array (the policy hands it back).
+        self._last_hit: tuple[list[int] | None, np.ndarray] = (None, _NO_BLOCKS)
         # The last hit asked about in num_new_blocks and how many of its blocks were
         # free, for the admission that follows at once; reset by lookups and admissions.
         self._touched: tuple[list[int] | None, int] = (None, 0)
@@ -199,7 +208,7 @@ class PrefixCachingKV(KVCacheManager):
 
     def num_cached_blocks(self) -> int:
         """Blocks in the index (held or free)."""
-        return sum(1 for w in self._where if w is not None)
+        return self._index.num_cached()
 
     def summary(self) -> dict[str, Any]:
         return prefix_cache_summary(self.mode, self.stats, self.block_size)
@@ -210,23 +219,11 @@ class PrefixCachingKV(KVCacheManager):
         // block_size of them, so the last known token is always computed (vLLM's
         ``max_cache_hit_length``; SGLang's ``input_len - 1``). Changes nothing."""
         limit = (req.num_tokens - 1) // self.block_size
-        hit: list[int] = []
-        slots_of = self._slots.get
-        for chain, j0, j1 in prefix_spans(req, self.block_size):
-            if j0 >= limit:
-                break
-            slots = slots_of(chain)
-            if slots is None:
-                break
-            want = min(j1, limit) - j0
-            got = slots[:want]
-            if 0 in got:
-                hit += got[:got.index(0)]
-                break
-            hit += got
-            if len(got) < want:
-                break
+        found = (self._index.lookup(self._index.positions(req, limit), limit) if limit > 0
+                 else _NO_BLOCKS)
+        hit = found.tolist()
         self._last_lookup[req] = (len(hit), self._registered)
+        self._last_hit = (hit, found)
         self._touched = (None, 0)
         return hit
 
@@ -245,13 +242,20 @@ class PrefixCachingKV(KVCacheManager):
         bound = last[0] + self._registered - last[1]
         return cdiv(num_tokens, self.block_size) - bound <= self.num_free_blocks - reserve
 
+    def _hit_array(self, hit: list[int]) -> np.ndarray:
+        """``hit`` as an array (the one the lookup made when it is that lookup's list)."""
+        if hit is self._last_hit[0]:
+            return self._last_hit[1]
+        return np.array(hit, np.int64)
+
     def num_new_blocks(self, req: Request, hit: list[int], num_tokens: int) -> int:
         """Free blocks that admitting ``req`` with ``hit`` for ``num_tokens`` tokens
         would take: new blocks plus the hit blocks that were free (evictable)."""
         if hit is self._touched[0]:  # asked again about the same lookup, nothing changed
             touched = self._touched[1]
         else:
-            touched = list(map(self._ref_cnt.__getitem__, hit)).count(0)
+            touched = (int(np.count_nonzero(self._ref_cnt[self._hit_array(hit)] == 0))
+                       if hit else 0)
             self._touched = (hit, touched)
         return cdiv(num_tokens, self.block_size) - len(hit) - len(req.block_ids) + touched
 
@@ -260,53 +264,55 @@ class PrefixCachingKV(KVCacheManager):
         ``num_tokens`` tokens; False (nothing changes) when the blocks do not fit."""
         raise NotImplementedError
 
-    # -- the index --
-    def _slot_ranges(self, req: Request, done: int, full: int
-                     ) -> list[tuple[list[int], int, int, int]]:
-        """(slot list, first slot, end slot, first block) of the request's blocks
-        [done, full), segment by segment; slot lists are created and grown as needed."""
-        out = []
-        slots_of = self._slots
-        for chain, j0, j1 in prefix_spans(req, self.block_size):
-            if j1 <= done:
-                continue
-            if j0 >= full:
-                break
-            a = max(done, j0)
-            i0, i1 = a - j0, min(full, j1) - j0
-            slots = slots_of.get(chain)
-            if slots is None:
-                slots = slots_of[chain] = []
-            if len(slots) < i1:
-                slots += repeat(0, i1 - len(slots))
-            out.append((slots, i0, i1, a))
-        return out
+    # -- a request's blocks as an array --
+    def _set_blocks(self, req: Request, hit: list[int]) -> None:
+        """Admission: ``req`` holds ``hit`` (the last lookup's, or a copy)."""
+        req.block_ids = list(hit)
+        h = self._hit_array(hit)
+        # Room for every prompt block and some output: seldom grown.
+        buf = np.empty(max(64, req.num_prompt_tokens // self.block_size + 64), np.int64)
+        buf[:len(h)] = h
+        self._arrays[req] = [buf, len(h)]
 
-    def _index_blocks(self, slots: list[int], i0: int, blocks: list[int]) -> None:
-        """Put ``blocks`` (not cached yet) into empty slots ``i0`` on of ``slots``."""
-        slots[i0:i0 + len(blocks)] = blocks
-        where, where_i = self._where, self._where_i
-        for b in blocks:
-            where[b] = slots
-        for b, i in zip(blocks, range(i0, i0 + len(blocks)), strict=True):
-            where_i[b] = i
+    def _add_blocks(self, req: Request, start: int, new: np.ndarray) -> None:
+        """``new`` were appended to ``req.block_ids`` at ``start``."""
+        a = self._arrays.get(req)
+        if a is None:
+            a = self._arrays[req] = [np.empty(max(64, 2 * (start + len(new))), np.int64), 0]
+        buf, n = a
+        end = start + len(new)
+        if end > len(buf):
+            buf = np.empty(2 * end, np.int64)
+            buf[:n] = a[0][:n]
+            a[0] = buf
+        if n < start:
+            buf[n:start] = req.block_ids[n:start]
+        buf[start:end] = new
+        a[1] = end
 
-    def _unindex(self, blocks: list[int]) -> None:
-        """Take cached ``blocks`` out of their slots (an eviction)."""
-        where, where_i = self._where, self._where_i
-        for b in blocks:
-            where[b][where_i[b]] = 0  # type: ignore[index]
-            where[b] = None
-        self._count_evictions(len(blocks))
+    def _blocks(self, req: Request) -> np.ndarray:
+        """``req.block_ids`` as an array (a view: valid until its blocks change)."""
+        blocks = req.block_ids
+        a = self._arrays.get(req)
+        if a is None:
+            return np.array(blocks, np.int64)
+        buf, n = a
+        if n < len(blocks):
+            if len(blocks) > len(buf):
+                buf = np.empty(2 * len(blocks), np.int64)
+                buf[:n] = a[0][:n]
+                a[0] = buf
+            buf[n:len(blocks)] = blocks[n:]
+            a[1] = len(blocks)
+        return buf[:len(blocks)]
 
-    def _count_evictions(self, n: int) -> None:
-        """Count ``n`` evicted blocks; now and then drop the slot lists left empty."""
-        self.stats.evicted_blocks += n
-        self._evicted_since_purge += n
-        if self._evicted_since_purge > 32 * self.num_gpu_blocks:
-            self._evicted_since_purge = 0
-            self._slots = {c: s for c, s in self._slots.items() if any(s)}
+    def _changed_blocks(self, req: Request, start: int) -> None:
+        """``req.block_ids`` from ``start`` on were replaced."""
+        a = self._arrays.get(req)
+        if a is not None and a[1] > start:
+            a[1] = start
 
+    # -- registration --
     def _register(self, req: Request, full: int) -> None:
         """Index the request's first ``full`` blocks (all full, their tokens known) from
         the first one not indexed yet; the caller checks there is one."""
@@ -319,15 +325,8 @@ class PrefixCachingKV(KVCacheManager):
         full = request.num_computed_tokens // self.block_size
         if full > self._committed.get(request, 0):
             self._register(request, full)
+        self._index.forget(request)
         return self._committed.pop(request, 0)
-
-    def _unref(self, blocks: list[int]) -> list[int]:
-        """Drop one reference from each of ``blocks``; returns those left unreferenced,
-        last block first (vLLM frees tail first)."""
-        ref = self._ref_cnt
-        for b in blocks:
-            ref[b] -= 1
-        return [b for b in reversed(blocks) if not ref[b]]
 
     def _admitted(self, req: Request, hit: list[int]) -> None:
         """Book-keeping of an admission with ``hit``: its blocks are registered already,
@@ -341,17 +340,10 @@ class PrefixCachingKV(KVCacheManager):
     def _check_common(self, free: set[int]) -> None:
         ref = self._ref_cnt
         assert 0 not in free, "null block in free pool"
-        assert min(ref) >= 0, "a block was freed more often than held"
+        assert ref.min() >= 0, "a block was freed more often than held"
         for b in free:
             assert ref[b] == 0, f"free block {b} has ref {ref[b]}"
-        where, where_i = self._where, self._where_i
-        cached = 0
-        for slots in self._slots.values():
-            for i, b in enumerate(slots):
-                if b:
-                    assert where[b] is slots and where_i[b] == i, f"block {b} misplaced"
-                    cached += 1
-        assert cached == self.num_cached_blocks(), "a block is indexed twice or not at all"
+        self._index.check()
 
 
 class BlockHashCache(PrefixCachingKV):
@@ -368,114 +360,156 @@ class BlockHashCache(PrefixCachingKV):
     generated tokens (the next turn of its session, or itself after a preemption), so
     the hits are the same, without a hash per block_size generated tokens.
 
-    The queue is a list read from ``_head``, each entry stamped with the free that put
-    it there (``_qstamp``); taking a free block out of the middle (a hit) only changes
-    its ``_stamp``, so the entry is skipped when the head reaches it (``_nstale`` such
-    entries wait in the queue; with none, taking blocks is a slice)."""
+    The queue is an array read from ``_head`` to ``_tail``, each entry stamped with the
+    free that put it there (``_qstamp``); taking a free block out of the middle (a hit)
+    only changes its ``_stamp``, so the entry is skipped when the head reaches it
+    (``_nstale`` such entries wait in the queue; with none, taking blocks is a slice).
+    ``_qlist`` holds the same entries as Python ints, the ones of the freed requests'
+    block lists: a request's ``block_ids`` are slices of it, so no int is made per block
+    (``_qlist[i] == _queue[i]`` from ``_head`` to ``_tail``)."""
 
-    __slots__ = ("_head", "_nfree", "_nstale", "_qstamp", "_queue", "_stamp", "_stamps")
+    __slots__ = ("_head", "_nfree", "_nstale", "_qlist", "_qstamp", "_queue", "_stamp",
+                 "_stamps", "_tail")
     mode: ClassVar[str] = "block"
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         super().__init__(num_gpu_blocks, block_size)
         self._free = []  # the queue below is the free pool
-        self._queue = list(range(1, num_gpu_blocks))
-        self._qstamp = [1] * (num_gpu_blocks - 1)
-        self._stamp = [1] * num_gpu_blocks  # a block's current queue entry; 0 = none
+        n = num_gpu_blocks - 1
+        self._queue = np.zeros(2 * n + 16, np.int64)
+        self._queue[:n] = np.arange(1, num_gpu_blocks)
+        self._qlist = list(range(1, num_gpu_blocks))
+        self._qstamp = np.zeros(2 * n + 16, np.int64)
+        self._qstamp[:n] = 1
+        self._stamp = np.ones(num_gpu_blocks, np.int64)  # a block's live entry; 0 = none
         self._stamps = 1
-        self._head = 0
-        self._nfree = num_gpu_blocks - 1
+        self._head, self._tail = 0, n
+        self._nfree = n
         self._nstale = 0
 
     @property
     def num_free_blocks(self) -> int:
         return self._nfree
 
-    def _take(self, k: int) -> list[int]:
-        """The k blocks at the head of the free queue (k <= the free blocks)."""
-        q = self._queue
-        h = self._head
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_gpu_blocks - 1 - self._nfree
+
+    def _take(self, k: int) -> tuple[np.ndarray, list[int]]:
+        """The k blocks at the head of the free queue (k <= the free blocks), as an
+        array and as a list."""
+        q, ql, h = self._queue, self._qlist, self._head
         if not self._nstale:
-            out = q[h:h + k]
+            out, out_list = q[h:h + k], ql[h:h + k]
             h += k
         else:
             qs, stamp = self._qstamp, self._stamp
-            out = []
-            while len(out) < k:
-                m = h + k - len(out)
-                got = [b for b, s in zip(q[h:m], qs[h:m], strict=True) if stamp[b] == s]
-                self._nstale -= m - h - len(got)
-                out += got
+            parts, out_list = [], []
+            while len(out_list) < k:
+                m = h + k - len(out_list)
+                seg = q[h:m]
+                live = stamp[seg] == qs[h:m]
+                parts.append(seg[live])
+                out_list += compress(ql[h:m], live.tolist())
+                self._nstale -= m - h - len(parts[-1])
                 h = m
-        if h > 4096 and h * 2 > len(q):
-            del q[:h], self._qstamp[:h]
-            h = 0
+            out = np.concatenate(parts)
         self._head = h
         self._nfree -= k
-        return out
+        return out, out_list
+
+    def _push(self, blocks: np.ndarray, blocks_list: list[int], stamp: int) -> None:
+        """Append ``blocks`` (``blocks_list``: the same as a list) to the tail of the
+        free queue with ``stamp``."""
+        n, t = len(blocks), self._tail
+        if t + n > len(self._queue):  # move the live part to the front, grow if need be
+            h = self._head
+            size = len(self._queue)
+            while 2 * (t - h + n) > size:
+                size *= 2
+            for name in ("_queue", "_qstamp"):
+                old = getattr(self, name)
+                arr = old if size == len(old) else np.zeros(size, np.int64)
+                arr[:t - h] = old[h:t]
+                setattr(self, name, arr)
+            del self._qlist[:h]
+            self._head, t = 0, t - h
+        self._queue[t:t + n] = blocks
+        self._qstamp[t:t + n] = stamp
+        self._qlist += blocks_list
+        self._tail = t + n
 
     def allocate_up_to(self, request: Request, num_tokens: int) -> list[int] | None:
         need = cdiv(num_tokens, self.block_size) - len(request.block_ids)
         new: list[int] = []
         if need == 1 and self._nfree and not self._nstale:  # a decode's next block
-            b = self._queue[self._head]
+            b = self._qlist[self._head]
             self._head += 1
             self._nfree -= 1
-            if self._where[b] is not None:
-                self._unindex([b])
+            key = self._index.key
+            if key.item(b):
+                key[b] = 0
+                self.stats.evicted_blocks += 1
             self._ref_cnt[b] = 1
             request.block_ids.append(b)
             new = [b]
         elif need > 0:
             if need > self._nfree:
                 return None
-            new = self._take(need)
-            where, where_i, ref = self._where, self._where_i, self._ref_cnt
-            cached = need
-            for b in new:
-                w = where[b]
-                if w is None:
-                    cached -= 1
-                else:  # evict: the block leaves its slot
-                    w[where_i[b]] = 0
-                    where[b] = None
-                ref[b] = 1
-            if cached:
-                self._count_evictions(cached)
-            request.block_ids.extend(new)
+            arr, new = self._take(need)
+            self.stats.evicted_blocks += self._index.evict(arr)
+            self._ref_cnt[arr] = 1
+            self._add_blocks(request, len(request.block_ids), arr)
+            request.block_ids += new
         full = min(num_tokens, request.num_prompt_tokens) // self.block_size
         if full > self._committed.get(request, 0):
             self._register(request, full)
         return new
 
+    def allocate_one_each(self, requests: list[Request]) -> None:
+        # Decode blocks: their requests' prompts are registered already.
+        n = len(requests)
+        if self._nstale or n > 16:
+            for r in requests:
+                assert self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
+            return
+        ql, key, ref = self._qlist, self._index.key, self._ref_cnt
+        h = self._head
+        evicted = 0
+        for r in requests:
+            b = ql[h]
+            h += 1
+            if key.item(b):
+                key[b] = 0
+                evicted += 1
+            ref[b] = 1
+            r.block_ids.append(b)
+        self._head = h
+        self._nfree -= n
+        self.stats.evicted_blocks += evicted
+
     def _register(self, req: Request, full: int) -> None:
         done = self._committed.get(req, 0)
-        blocks = req.block_ids  # those from done on were allocated after any hit
-        where, where_i = self._where, self._where_i
-        for slots, i0, i1, a in self._slot_ranges(req, done, full):
-            mine = blocks[a:a + i1 - i0]
-            if not any(slots[i0:i1]):
-                self._index_blocks(slots, i0, mine)
-                continue
-            for i, b in zip(range(i0, i1), mine, strict=True):
-                if not slots[i]:  # first one wins: a copy cached already stays
-                    slots[i] = b
-                    where[b] = slots
-                    where_i[b] = i
+        pos = self._index.positions(req, full, done)
+        # Those from done on were allocated after any hit: not indexed. The first copy
+        # of a block's content indexed stays.
+        self._index.insert(pos, self._blocks(req)[done:full], keep=True)
         self._registered += full - done
         self._committed[req] = full
 
     def allocate_cached(self, req: Request, hit: list[int], num_tokens: int) -> bool:
         if self.num_new_blocks(req, hit, num_tokens) > self._nfree:
             return False
-        ref, stamp = self._ref_cnt, self._stamp
-        for b in hit:
-            if not ref[b]:
-                stamp[b] = 0  # its queue entry is now stale
-                self._nfree -= 1
-                self._nstale += 1
-            ref[b] += 1
-        req.block_ids = list(hit)
+        if hit:
+            h = self._hit_array(hit)
+            ref = self._ref_cnt
+            taken = h[ref[h] == 0]
+            if len(taken):  # free blocks leave the queue: their entries are now stale
+                self._stamp[taken] = 0
+                self._nfree -= len(taken)
+                self._nstale += len(taken)
+            ref[h] += 1
+        self._set_blocks(req, hit)
         self._admitted(req, hit)
         self._touched = (None, 0)
         ok = self.allocate_up_to(req, num_tokens)
@@ -484,35 +518,44 @@ class BlockHashCache(PrefixCachingKV):
 
     def free(self, request: Request) -> int:
         self._release(request)
-        zero = self._unref(request.block_ids)
+        blocks = self._blocks(request)
+        self._arrays.pop(request, None)
+        held = request.block_ids
         request.block_ids = []
-        if zero:
+        left = self._ref_cnt[blocks] - 1
+        self._ref_cnt[blocks] = left
+        # The blocks left unreferenced, last first (vLLM frees tail first): usually all
+        # of them, or all but a prefix that other requests hold (then slices).
+        m = int(np.count_nonzero(left))
+        if not m:
+            zero, zero_list = blocks[::-1], held[::-1]
+        elif np.count_nonzero(left[:m]) == m:
+            zero, zero_list = blocks[:m - 1:-1], held[:m - 1:-1]
+        else:
+            zero = blocks[::-1][left[::-1] == 0]
+            zero_list = zero.tolist()
+        n = len(zero)
+        if n:
             self._stamps += 1
-            s, stamp = self._stamps, self._stamp
-            for b in zero:
-                stamp[b] = s
-            self._queue += zero
-            self._qstamp += [s] * len(zero)
-            self._nfree += len(zero)
-            h = self._head
-            if h > 4096 and h * 2 > len(self._queue):  # drop the consumed entries
-                del self._queue[:h], self._qstamp[:h]
-                self._head = 0
-        return len(zero)
+            self._stamp[zero] = self._stamps
+            self._push(zero, zero_list, self._stamps)
+            self._nfree += n
+        return n
 
     def free_queue(self) -> list[int]:
         """The free blocks in eviction order (head first; for tests)."""
-        q, qs, stamp = self._queue, self._qstamp, self._stamp
-        h = self._head
-        return [b for b, s in zip(q[h:], qs[h:], strict=True) if stamp[b] == s]
+        q = self._queue[self._head:self._tail]
+        return q[self._stamp[q] == self._qstamp[self._head:self._tail]].tolist()
 
     def check_invariants(self) -> None:
         queue = self.free_queue()
         free = set(queue)
         assert len(free) == len(queue) == self._nfree, "free queue count"
         self._check_common(free)
-        held = sum(1 for b in range(1, self.num_gpu_blocks) if self._ref_cnt[b] > 0)
+        held = int(np.count_nonzero(self._ref_cnt[1:] > 0))
         assert held + len(free) == self.num_usable_blocks, "a block is neither free nor held"
+        h, t = self._head, self._tail
+        assert self._qlist[h:t] == self._queue[h:t].tolist(), "queue list"
 
 
 def make_kv(mode: str, num_gpu_blocks: int, block_size: int = 16) -> KVCacheManager:

@@ -36,6 +36,8 @@ from __future__ import annotations
 import heapq
 from typing import ClassVar
 
+import numpy as np
+
 from sim.kv_cache import cdiv
 from sim.prefix_cache import PrefixCachingKV
 from sim.request import Request
@@ -43,18 +45,23 @@ from sim.request import Request
 
 class RadixCache(PrefixCachingKV):
     """The radix-tree prefix cache; same interface as BlockHashCache. ``_free`` holds the
-    empty blocks (no node); free blocks = empty + unreferenced nodes (all evictable)."""
+    empty blocks (no node), a stack mirrored by the array ``_free_arr`` (so a chunk's
+    blocks are taken as an array); free blocks = empty + unreferenced nodes (all
+    evictable). Per-run state (``_run`` and its array ``_run_arr``, ``_children``,
+    ``_tick``) lives at the run's end, the parent at its first block; ``_run_end`` (an
+    array: a run's blocks are written at once) at every block."""
 
-    __slots__ = ("_children", "_clock", "_heap", "_num_evictable", "_parent", "_run",
-                 "_run_end", "_run_slots", "_tick")
+    __slots__ = ("_children", "_clock", "_free_arr", "_heap", "_num_evictable", "_parent",
+                 "_run", "_run_arr", "_run_end", "_tick")
     mode: ClassVar[str] = "radix"
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         super().__init__(num_gpu_blocks, block_size)
         self._run: list[list[int] | None] = [None] * num_gpu_blocks
-        self._run_end = [0] * num_gpu_blocks
-        # Where a run's blocks sit in the segment index: (slot list, first slot, count).
-        self._run_slots: list[list[tuple[list[int], int, int]] | None] = [None] * num_gpu_blocks
+        self._run_arr: list[np.ndarray | None] = [None] * num_gpu_blocks
+        self._free_arr = np.zeros(num_gpu_blocks, np.int64)
+        self._free_arr[:len(self._free)] = self._free
+        self._run_end = np.zeros(num_gpu_blocks, np.int64)
         self._parent = [0] * num_gpu_blocks
         self._children = [0] * num_gpu_blocks
         self._tick = [0] * num_gpu_blocks
@@ -65,6 +72,10 @@ class RadixCache(PrefixCachingKV):
     @property
     def num_free_blocks(self) -> int:
         return len(self._free) + self._num_evictable
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_gpu_blocks - 1 - len(self._free) - self._num_evictable
 
     def allocate_up_to(self, request: Request, num_tokens: int) -> list[int] | None:
         need = cdiv(num_tokens, self.block_size) - len(request.block_ids)
@@ -83,20 +94,38 @@ class RadixCache(PrefixCachingKV):
             new = free[-need:]
             del free[-need:]
             new.reverse()
-            ref = self._ref_cnt
-            for b in new:
-                ref[b] = 1
-            request.block_ids.extend(new)
+            arr = self._free_arr[len(free):len(free) + need][::-1]
+            self._ref_cnt[arr] = 1
+            self._add_blocks(request, len(request.block_ids), arr)  # copies arr
+            request.block_ids += new
         full = min(num_tokens, request.num_prompt_tokens) // self.block_size
         if full > self._committed.get(request, 0):
             self._register(request, full)
         return new
 
+    def allocate_one_each(self, requests: list[Request]) -> None:
+        # Decode blocks: their requests' prompts are registered already.
+        free, ref = self._free, self._ref_cnt
+        if len(requests) > len(free):  # evictions first
+            for r in requests:
+                assert self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
+            return
+        for r in requests:
+            b = free.pop()
+            ref[b] = 1
+            r.block_ids.append(b)
+
+    def _push_free(self, blocks: list[int], arr: np.ndarray | list[int]) -> None:
+        """Put ``blocks`` (``arr``: the same as an array) on the empty pool."""
+        n = len(self._free)
+        self._free_arr[n:n + len(blocks)] = arr
+        self._free += blocks
+
     # -- the tree --
     def _split(self, m: int) -> None:
         """Make node ``m`` the end of a run (split its run below it, as SGLang splits a
         node where a match or an insert ends)."""
-        end = self._run_end[m]
+        end = int(self._run_end[m])
         if end == m:
             return
         run = self._run[end]
@@ -104,20 +133,11 @@ class RadixCache(PrefixCachingKV):
         k = run.index(m) + 1
         top, bottom = run[:k], run[k:]
         self._run[m], self._run[end] = top, bottom
-        parts = self._run_slots[end]
-        assert parts is not None
-        left = k
-        for j, (slots, s0, n) in enumerate(parts):
-            if left >= n:
-                left -= n
-                continue
-            top_parts = [*parts[:j], (slots, s0, left)] if left else parts[:j]
-            self._run_slots[m] = top_parts
-            self._run_slots[end] = [(slots, s0 + left, n - left), *parts[j + 1:]]
-            break
-        run_end = self._run_end
-        for b in top:
-            run_end[b] = m
+        arr = self._run_arr[end]
+        assert arr is not None
+        self._run_arr[m], self._run_arr[end] = arr[:k], arr[k:]
+        self._run_end[top] = m
+        self._tick[m] = self._tick[end]
         self._parent[bottom[0]] = m
         self._children[m] = 1
 
@@ -128,72 +148,67 @@ class RadixCache(PrefixCachingKV):
         blocks = req.block_ids
         parent = blocks[done - 1] if done else 0
         self._registered += full - done
-        ranges = self._slot_ranges(req, done, full)
-        held: list[int] = []
-        for slots, i0, i1, _ in ranges:
-            held += slots[i0:i1]
-        # A node's parent is never evicted before it, so existing nodes come first.
-        k = held.index(0) if 0 in held else len(held)
-        assert not any(held[k:]), "an existing node below a missing one"
+        pos = self._index.positions(req, full, done)
+        # A node's parent is never evicted before it, so existing nodes come first (an
+        # existing node after them would be overwritten below: check_invariants finds
+        # such a block away from its slot).
+        held = self._index.held(pos)
+        k = len(held)
         if k:
-            self._adopt(blocks, held[:k], done)
-            parent = held[k - 1]
+            self._adopt(req, held.tolist(), done)
+            parent = int(held[-1])
             self._split(parent)
-        pos = done + k
-        if pos < full:
-            parts = []
-            for slots, i0, i1, a in ranges:
-                lo, hi = max(a, pos), a + i1 - i0
-                if lo < hi:
-                    self._index_blocks(slots, i0 + lo - a, blocks[lo:hi])
-                    parts.append((slots, i0 + lo - a, hi - lo))
-            new = blocks[pos:full]
-            run_end, end = self._run_end, new[-1]
-            for b in new:
-                run_end[b] = end
-            self._run[end] = new
-            self._run_slots[end] = parts
-            self._parent[new[0]] = parent
+        if done + k < full:
+            ids = self._blocks(req)[done + k:full]
+            self._index.insert(pos[k:], ids, keep=False)
+            run = blocks[done + k:full]
+            end = run[-1]
+            self._run_end[ids] = end
+            self._run[end] = run
+            self._run_arr[end] = ids.copy()
+            self._parent[run[0]] = parent
             self._children[end] = 0
             self._children[parent] += 1
         self._committed[req] = full
 
-    def _adopt(self, blocks: list[int], nodes: list[int], start: int) -> None:
+    def _adopt(self, req: Request, nodes: list[int], start: int) -> None:
         """The request's blocks from ``start`` become ``nodes`` (existing, same
         content); its own copies go back to the empty pool."""
         ref = self._ref_cnt
-        for i, x in enumerate(nodes, start=start):
-            if not ref[x]:
-                self._num_evictable -= 1
-            ref[x] += 1
-            b = blocks[i]
-            ref[b] = 0
-            self._free.append(b)
-            blocks[i] = x
+        x = np.array(nodes, np.int64)
+        self._num_evictable -= int(np.count_nonzero(ref[x] == 0))
+        ref[x] += 1
+        blocks = req.block_ids
+        own = blocks[start:start + len(nodes)]
+        ref[own] = 0
+        self._push_free(own, own)
+        blocks[start:start + len(nodes)] = nodes
+        self._changed_blocks(req, start)
 
     def _evict(self, num_blocks: int) -> None:
         """Evict at least ``num_blocks`` unreferenced blocks, a whole leaf run at a time,
         least recently used first."""
         heap, ref, children = self._heap, self._ref_cnt, self._children
-        tick, runs, free, where = self._tick, self._run, self._free, self._where
-        evicted = 0
-        while evicted < num_blocks:
+        tick, runs, run_arr, free = self._tick, self._run, self._run_arr, self._free
+        first = len(free)
+        gone: list[np.ndarray] = []
+        while len(free) - first < num_blocks:
             t, e = heapq.heappop(heap)
             run = runs[e]
             if run is None or ref[e] or children[e] or tick[e] != t:
                 continue  # a stale entry: touched, grown or evicted since it was pushed
-            for slots, s0, n in self._run_slots[e]:  # type: ignore[union-attr]
-                slots[s0:s0 + n] = [0] * n
-            for b in run:
-                where[b] = None
-            self._count_evictions(len(run))
-            runs[e] = self._run_slots[e] = None
             free += run
-            evicted += len(run)
+            gone.append(run_arr[e])  # type: ignore[arg-type]
+            runs[e] = run_arr[e] = None
             p = self._parent[run[0]]
             children[p] -= 1
             if p and not children[p] and not ref[p]:
                 heapq.heappush(heap, (tick[p], p))
+        evicted = len(free) - first
+        blocks = gone[0] if len(gone) == 1 else np.concatenate(gone)
+        self._free_arr[first:len(free)] = blocks
+        self._index.evict(blocks)
+        self.stats.evicted_blocks += evicted
         self._num_evictable -= evicted
         if len(heap) > 4 * self.num_gpu_blocks + 1024:
             self._heap = [(t, e) for t, e in heap if runs[e] is not None
@@ -206,12 +221,11 @@ class RadixCache(PrefixCachingKV):
             return False
         if hit:
             self._split(hit[-1])  # SGLang splits the matched node here
-        ref = self._ref_cnt
-        for b in hit:
-            if not ref[b]:
-                self._num_evictable -= 1
-            ref[b] += 1
-        req.block_ids = list(hit)
+            h = self._hit_array(hit)
+            ref = self._ref_cnt
+            self._num_evictable -= int(np.count_nonzero(ref[h] == 0))
+            ref[h] += 1
+        self._set_blocks(req, hit)
         self._admitted(req, hit)
         self._touched = (None, 0)
         ok = self.allocate_up_to(req, num_tokens)
@@ -219,38 +233,49 @@ class RadixCache(PrefixCachingKV):
         return True
 
     def free(self, request: Request) -> int:
-        """Release the request's path: its nodes are stamped now and stay cached (its
+        """Release the request's path: its runs are stamped now and stay cached (its
         deepest run, when childless, becomes an eviction candidate); its other blocks go
         back to the empty pool. Returns how many blocks became free."""
         num_nodes = self._release(request)  # its first num_nodes blocks are nodes
         blocks = request.block_ids
+        arr = self._blocks(request)
+        self._arrays.pop(request, None)
         request.block_ids = []
-        nodes = self._unref(blocks[:num_nodes])  # deepest first
+        ref = self._ref_cnt
+        nodes = arr[:num_nodes]
+        left = ref[nodes] - 1
+        ref[nodes] = left
         private = blocks[num_nodes:]  # never shared: the request held them alone
-        for b in private:
-            self._ref_cnt[b] = 0
-        self._free += private
-        if nodes:
+        ref[arr[num_nodes:]] = 0
+        self._push_free(private, arr[num_nodes:])
+        num_zero = int(np.count_nonzero(left == 0))
+        if num_zero:
+            # The unreferenced nodes are the path's last runs (a held run never hangs
+            # below an unreferenced one), the deepest ending the path.
             self._clock += 1
-            clock, tick = self._clock, self._tick
-            self._num_evictable += len(nodes)
-            for b in nodes:
-                tick[b] = clock
-            # The path's deepest node ends a run (the path is whole runs); every other
-            # node of the path has a child on it.
-            if not self._children[nodes[0]]:
-                heapq.heappush(self._heap, (clock, nodes[0]))
-        return len(nodes) + len(private)
+            self._num_evictable += num_zero
+            tick, parent, runs = self._tick, self._parent, self._run
+            e = deepest = blocks[num_nodes - 1]
+            while True:
+                tick[e] = self._clock
+                p = parent[runs[e][0]]  # type: ignore[index]
+                if not p or ref[p]:
+                    break
+                e = p
+            if not self._children[deepest]:
+                heapq.heappush(self._heap, (self._clock, deepest))
+        return num_zero + len(private)
 
     def check_invariants(self) -> None:
         """Assert the tree and pool are consistent (for tests)."""
-        ref, where, runs = self._ref_cnt, self._where, self._run
+        ref, runs, key = self._ref_cnt, self._run, self._index.key
         empty = set(self._free)
         assert len(empty) == len(self._free), "duplicate block in the empty pool"
+        assert self._free_arr[:len(self._free)].tolist() == self._free, "empty pool array"
         self._check_common(empty)
         for b in empty:
-            assert where[b] is None, f"empty block {b} is a node"
-        nodes = {b for b in range(1, self.num_gpu_blocks) if where[b] is not None}
+            assert not key[b], f"empty block {b} is a node"
+        nodes = {b for b in range(1, self.num_gpu_blocks) if key[b]}
         children = [0] * self.num_gpu_blocks
         in_runs = 0
         for e in range(1, self.num_gpu_blocks):
@@ -258,10 +283,9 @@ class RadixCache(PrefixCachingKV):
             if run is None:
                 continue
             assert run[-1] == e and all(b in nodes for b in run), f"run of {e}"
-            assert len({ref[b] for b in run}) == 1, f"run {e} partly held"
+            assert len({int(ref[b]) for b in run}) == 1, f"run {e} partly held"
             assert all(self._run_end[b] == e for b in run), f"run ends of {e}"
-            parts = self._run_slots[e] or []
-            assert [b for sl, s0, n in parts for b in sl[s0:s0 + n]] == run, f"slots of {e}"
+            assert self._run_arr[e].tolist() == run, f"run array of {e}"  # type: ignore[union-attr]
             in_runs += len(run)
             p = self._parent[run[0]]
             assert p == 0 or runs[p] is not None, f"run {e} hangs off a non-run end"

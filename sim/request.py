@@ -63,9 +63,10 @@ class Request:
     # tokens: (segment id, tokens) pairs summing to num_prompt_tokens; None = content
     # unknown (the prompt is shared with no other request).
     prompt_segments: tuple[tuple[int, int], ...] | None = None
-    # Its blocks grouped by the segment they end in, as (segment chain hash, first
-    # block, end block): computed lazily by a prefix cache (sim/prefix_cache.py).
-    prefix_spans: list[tuple[int, int, int]] | None = None
+    # Its blocks grouped by the segment they end in, as segment chain hash, first
+    # block, end block, flat (three ints a segment): computed lazily by a prefix cache
+    # (sim/prefix_cache.py).
+    prefix_spans: list[int] | None = None
     # Prompt tokens found in the prefix cache at the first admission (vLLM's name).
     num_cached_tokens: int = 0
 

@@ -82,6 +82,8 @@ def saturation_summary(requests: pd.DataFrame) -> dict[str, Any]:
     t0, t1 = float(arr.min()), float(arr.max())
     if not t1 > t0:
         return _not_measured("every request arrived at the same instant")
+    if not t1 - t0 > 1e-9 * max(1.0, abs(t1)):  # no line can be fitted over it
+        return _not_measured("the arrivals span no measurable time")
     fin = requests["finish_time"].to_numpy(dtype=np.float64)
     dep = np.sort(np.where(np.isfinite(fin), fin, arr))
     arr = np.sort(arr)

@@ -105,3 +105,18 @@ def test_teaching_diagram_renders(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     probe = open_in_chromium(page, ARTIFACTS / "diagram.png", tmp_path, "1200,1500")
     assert_rendered(probe, page.read_text().count('class="figure"'))
+
+
+def test_validation_page_renders(tmp_path: Path) -> None:
+    """validation.html of a tiny real run (sim/validate_report.py): three figures."""
+    pytest.importorskip("torch")
+    from sim.validate import run_validation, validation_dict
+    from sim.validate_report import validation_page
+    from tests.test_validate import TINY_REAL
+
+    prep = prepare(RunConfig(scenario="teaching", step_time=0.01, max_num_seqs=4,
+                             max_num_batched_tokens=8, block_size=4))
+    page = tmp_path / "validation.html"
+    page.write_text(validation_page(validation_dict(prep, run_validation(prep, TINY_REAL))))
+    probe = open_in_chromium(page, ARTIFACTS / "validation.png", tmp_path, "1400,2600")
+    assert_rendered(probe, 3)

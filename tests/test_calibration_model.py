@@ -142,3 +142,23 @@ def test_cli_bad_dtype_is_one_line() -> None:
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
         "error: dtype must be one of ['bf16', 'fp16', 'fp32'], got 'int8'"]
+
+
+def test_decode_groups_give_the_same_logits_as_one_padded_call() -> None:
+    """Grouping decodes (one attention call per group, each over its own longest context)
+    changes the cost, not the result."""
+    model = build_decoder(tiny_spec(), dtype="fp32")
+    cache = model.new_cache(num_slots=4, capacity=32)
+    gen = torch.Generator().manual_seed(3)
+    cache.lengths[:] = [0, 0, 0, 0]
+    model.step(cache, chunks=[Chunk(s, n, sample=False) for s, n in enumerate((20, 18, 6, 5))],
+               gen=gen)
+    ids = torch.randint(0, 100, (4,), generator=gen)
+    cache.lengths[:] = [20, 18, 6, 5]
+    one = model.step(cache, decode_slots=range(4), token_ids=ids)
+    cache.lengths[:] = [20, 18, 6, 5]
+    two = model.step(cache, decode_slots=range(4), token_ids=ids, decode_groups=[2, 2])
+    torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-5)
+    assert cache.lengths == [21, 19, 7, 6]
+    with pytest.raises(ValueError, match="decode_groups"):
+        model.step(cache, decode_slots=range(4), token_ids=ids, decode_groups=[3])

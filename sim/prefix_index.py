@@ -1,0 +1,297 @@
+"""The prefix caches' block index (issue 9): which cached block, if any, holds each block
+of a prompt, found by position rather than by hash, so that a prefill chunk of hundreds
+of blocks is looked up, indexed and evicted in a few numpy operations.
+
+**Slots.** A *slot* is one block of one segment chain: (chain, block index within the
+chain's span; see ``prefix_spans`` in sim/prefix_cache.py). Each slot has a fixed
+position in one array, the arena: a chain's slots are an extent of consecutive
+positions made when a request first needs them (more extents when a later request needs
+more of them, as a conversation's answer or a cut Mooncake block grows). A request's
+blocks thus map to an array of arena positions, ``positions(req)``, computed once per
+request: the per-segment work is done once, and a chunk's blocks are a slice of it.
+
+**Lazy validity.** ``arena[p]`` is the block last put at slot p, ``key[b]`` the slot
+block b is indexed at (0: none; position 0 is never a slot), and slot p holds a cached
+block exactly when ``key[arena[p]] == p``. Evicting blocks is therefore one write to
+``key``; their slots need no clearing. When the arena fills, the extents of chains no
+block is cached under any more are dropped and the rest moved together
+(``_compact``); that renumbers positions, so the positions kept per request carry the
+compaction count (``epoch``) they belong to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sim.request import Request
+
+#: A request's spans, flat: segment chain, first block, end block, chain, ...; see
+#: sim/prefix_cache.py.
+Spans = list[int]
+_EMPTY = np.zeros(0, np.int64)
+_PROBE = 64  # lookups check this many blocks first: most prompts miss early
+_SHIFT = 32  # a chain of one extent is base << _SHIFT | slots
+_SLOTS = (1 << _SHIFT) - 1
+
+
+def _concat(starts: list[int], lens: list[int], old: np.ndarray = _EMPTY) -> np.ndarray:
+    """``old`` followed by the positions of runs (first position, length)."""
+    if len(starts) == 1 and not len(old):
+        return np.arange(starts[0], starts[0] + lens[0], dtype=np.int64)
+    if len(starts) <= 8:
+        return np.concatenate([old, *(np.arange(s, s + k, dtype=np.int64)
+                                      for s, k in zip(starts, lens, strict=True))])
+    ln = np.array(lens, np.int64)
+    skip = np.array(starts, np.int64) - (np.cumsum(ln) - ln)
+    return np.concatenate((old, np.arange(int(ln.sum()), dtype=np.int64) + np.repeat(skip, ln)))
+
+
+class PrefixIndex:
+    """Slots of segment chains in one arena, and the slot each cached block is indexed
+    at. Owns no block lifetimes: the caches decide what is indexed and evicted."""
+
+    __slots__ = ("_block_size", "_chains", "_epoch", "_ext_base", "_ext_chain", "_ext_off",
+                 "_multi", "_pos", "_spans", "_top", "arena", "key")
+
+    def __init__(self, num_gpu_blocks: int, block_size: int,
+                 spans: Callable[[Request], Spans]) -> None:
+        self._block_size = block_size
+        self._spans = spans  # a request's spans (computed once, by the caller)
+        self.arena = np.zeros(1 << 12, np.int64)
+        self.key = np.zeros(num_gpu_blocks, np.int64)
+        self._top = 1  # position 0 is no slot, so key 0 means "not indexed"
+        # chain -> base << _SHIFT | slots, or -1 for a chain of several extents, kept in
+        # _multi as (slots, base_0, count_0, base_1, count_1, ...). Ints, not tuples: a
+        # long run makes hundreds of thousands of chains, which the garbage collector
+        # would otherwise keep visiting.
+        self._chains: dict[int, int] = {}
+        self._multi: dict[int, tuple[int, ...]] = {}
+        # Every extent in arena order (bases increase): its chain, and its first slot
+        # index where that is not 0 (by extent number).
+        self._ext_base: list[int] = []
+        self._ext_chain: list[int] = []
+        self._ext_off: dict[int, int] = {}
+        self._epoch = 0
+        self._pos: dict[Request, tuple[int, int, np.ndarray]] = {}  # (epoch, spans done, pos)
+
+    # -- positions --
+    def positions(self, req: Request, n: int, start: int = 0) -> np.ndarray:
+        """Arena positions of ``req``'s blocks ``start`` to ``n``; slots not made yet are
+        made. The positions of all its full prompt blocks are kept (blocks after them,
+        its answer's, are asked for once, at release, when ``start`` is past them)."""
+        got = self._pos.get(req)
+        if got is not None and got[0] == self._epoch:
+            if len(got[2]) >= n:
+                return got[2][start:n]
+            old, first = got[2], got[1]
+        else:
+            old, first = _EMPTY, 0
+        upto = max(n, req.num_prompt_tokens // self._block_size)
+        if self._top + upto - len(old) > len(self.arena):
+            self._make_room(upto)  # may renumber every position
+            old, first = _EMPTY, 0
+        starts, lens, k = self._runs(self._spans(req), first, len(old), upto)
+        if len(old) and start >= len(old):  # only blocks after the kept ones
+            return _concat(starts, lens)[start - len(old):n - len(old)]
+        pos = _concat(starts, lens, old)
+        self._pos[req] = (self._epoch, k, pos)
+        return pos[start:n]
+
+    def _runs(self, spans: Spans, first: int, start: int, n: int
+              ) -> tuple[list[int], list[int], int]:
+        """Positions of blocks [start, n) as runs (first position, length), from the
+        span at ``first`` (the one holding block ``start``) on; also the span to resume
+        from. Slots are made as needed (the caller checked there is room); a chain seen
+        for the first time gets the next free positions, so a new prompt's slots are
+        mostly one run."""
+        starts: list[int] = []
+        lens: list[int] = []
+        chains = self._chains
+        get = chains.get
+        new_base, new_chain = self._ext_base.append, self._ext_chain.append
+        top, end = self._top, -1
+        k = first
+        for k in range(first, len(spans), 3):  # noqa: B007 (k is returned)
+            j0 = spans[k + 1]
+            if j0 >= n:
+                break
+            chain, j1 = spans[k], spans[k + 2]
+            i0 = start - j0 if start > j0 else 0
+            i1 = (j1 if j1 < n else n) - j0
+            ext = get(chain)
+            if ext is None:  # a new chain: i0 is 0
+                chains[chain] = top << _SHIFT | i1
+                new_base(top)
+                new_chain(chain)
+                s = top
+                top += i1
+            elif ext >= 0 and ext & _SLOTS >= i1:  # one extent, large enough
+                s = (ext >> _SHIFT) + i0
+            else:
+                self._top = top
+                self._emit(self._extend(chain, i1), i0, i1, starts, lens)
+                top, end = self._top, starts[-1] + lens[-1]
+                if j1 > n:
+                    break
+                continue
+            if s == end:
+                lens[-1] += i1 - i0
+            else:
+                starts.append(s)
+                lens.append(i1 - i0)
+            end = s + i1 - i0
+            if j1 > n:
+                break  # the open answer span: positions end inside it
+        self._top = top
+        return starts, lens, k
+
+    @staticmethod
+    def _emit(ext: tuple[int, ...], i0: int, i1: int, starts: list[int], lens: list[int]) -> None:
+        """Append the positions of slots [i0, i1) of a chain with extents ``ext``."""
+        off = 0
+        for e in range(1, len(ext), 2):
+            base, count = ext[e], ext[e + 1]
+            lo, hi = max(i0, off), min(i1, off + count)
+            if lo < hi:
+                s = base + lo - off
+                if starts and starts[-1] + lens[-1] == s:
+                    lens[-1] += hi - lo
+                else:
+                    starts.append(s)
+                    lens.append(hi - lo)
+            off += count
+
+    def _extents(self, chain: int) -> tuple[int, ...]:
+        """(slots, base_0, count_0, ...) of a known chain."""
+        ext = self._chains[chain]
+        if ext < 0:
+            return self._multi[chain]
+        return (ext & _SLOTS, ext >> _SHIFT, ext & _SLOTS)
+
+    def _extend(self, chain: int, slots: int) -> tuple[int, ...]:
+        """The extents of a known ``chain``, given ``slots`` slots if it has fewer (room
+        checked by the caller)."""
+        ext = self._extents(chain)
+        have = ext[0]
+        if have >= slots:
+            return ext
+        base = self._top
+        self._top += slots - have
+        self._ext_off[len(self._ext_base)] = have
+        self._ext_base.append(base)
+        self._ext_chain.append(chain)
+        ext = (slots, *ext[1:], base, slots - have)
+        self._chains[chain] = -1
+        self._multi[chain] = ext
+        return ext
+
+    def forget(self, req: Request) -> None:
+        """Drop ``req``'s positions (it released its blocks)."""
+        self._pos.pop(req, None)
+
+    def _make_room(self, n: int) -> None:
+        """Compact, and grow the arena until what is left and ``n`` more slots fill at
+        most a 32nd of it (so compactions stay rare)."""
+        self._compact()
+        size = len(self.arena)
+        while 32 * (self._top + n) > size:
+            size *= 2
+        if size > len(self.arena):
+            arena = np.zeros(size, np.int64)
+            arena[:self._top] = self.arena[:self._top]
+            self.arena = arena
+
+    def _compact(self) -> None:
+        """Keep only the chains some cached block is indexed under, each as one extent
+        in arena order; renumber ``key`` and start a new epoch."""
+        key, arena = self.key, self.arena
+        cached = np.flatnonzero(key)
+        pos = key[cached]
+        bases = np.array(self._ext_base, np.int64)
+        ext = np.searchsorted(bases, pos, side="right") - 1
+        live = np.unique(ext).tolist()
+        new_arena = np.zeros(len(arena), np.int64)
+        shift = np.zeros(len(bases), np.int64)
+        chains: dict[int, int] = {}
+        ext_base, ext_chain = [], []
+        top = 1
+        for e in live:
+            chain = self._ext_chain[e]
+            new = chains.get(chain)
+            if new is None:
+                slots = self._extents(chain)[0]
+                new = chains[chain] = top << _SHIFT | slots
+                ext_base.append(top)
+                ext_chain.append(chain)
+                top += slots
+            end = self._ext_base[e + 1] if e + 1 < len(bases) else self._top
+            dst = (new >> _SHIFT) + self._ext_off.get(e, 0)
+            new_arena[dst:dst + end - bases[e]] = arena[bases[e]:end]
+            shift[e] = dst - bases[e]
+        key[cached] = pos + shift[ext]
+        self.arena, self._chains, self._top = new_arena, chains, top
+        self._ext_base, self._ext_chain = ext_base, ext_chain
+        self._ext_off, self._multi = {}, {}
+        self._epoch += 1
+        self._pos.clear()
+
+    # -- lookup and update --
+    def lookup(self, pos: np.ndarray, limit: int) -> np.ndarray:
+        """The cached blocks at positions ``pos[:limit]``, up to the first slot that
+        holds none."""
+        arena, key = self.arena, self.key
+        m = limit if limit < _PROBE else _PROBE
+        while True:
+            p = pos[:m]
+            got = arena[p]
+            ok = key[got] == p
+            i = int(ok.argmin())
+            if not ok[i]:
+                return got[:i]
+            if m == limit:
+                return got
+            m = limit
+
+    def insert(self, pos: np.ndarray, blocks: np.ndarray, keep: bool) -> None:
+        """Index ``blocks`` (not indexed) at ``pos``; with ``keep``, a slot holding a
+        cached block keeps it and the block there is left out (vLLM's first copy
+        wins). Slots never written (0: most of a new prompt's) hold none."""
+        arena = self.arena
+        if keep:
+            cur = arena[pos]
+            if np.count_nonzero(cur):
+                free = self.key[cur] != pos
+                if np.count_nonzero(free) < len(free):
+                    pos, blocks = pos[free], blocks[free]
+        arena[pos] = blocks
+        self.key[blocks] = pos
+
+    def held(self, pos: np.ndarray) -> np.ndarray:
+        """The cached blocks at ``pos`` (a request's next blocks) while there are any."""
+        if not len(pos):
+            return _EMPTY
+        p = pos.item(0)
+        if self.key.item(self.arena.item(p)) != p:  # the usual answer, without arrays
+            return _EMPTY
+        return self.lookup(pos, len(pos))
+
+    def evict(self, blocks: np.ndarray) -> int:
+        """Unindex ``blocks``; returns how many were indexed."""
+        key = self.key
+        n = int(np.count_nonzero(key[blocks]))
+        if n:
+            key[blocks] = 0
+        return n
+
+    def num_cached(self) -> int:
+        return int(np.count_nonzero(self.key))
+
+    def check(self) -> None:
+        """Assert every indexed block is at its slot (for tests)."""
+        cached = np.flatnonzero(self.key)
+        assert not self.key[0], "the null block is indexed"
+        assert (self.arena[self.key[cached]] == cached).all(), "a block is not at its slot"

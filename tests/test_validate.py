@@ -1,0 +1,236 @@
+"""sim.validate and calibration.executor: the simulation and a real run on a tiny
+random-weight decoder see the same schedule; the executor's caches follow the engine;
+the comparison figures; the `validate` command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from calibration.specs import ModelSpec
+from sim.batch import BatchPlan, BatchShape
+from sim.cli import app
+from sim.request import Request
+from sim.runner import RunConfig, prepare
+from sim.validate import (
+    RealSetup,
+    admission_order,
+    cache_capacity,
+    error_rows,
+    first_difference,
+    profile_threads,
+    relative_error,
+    step_error,
+    validation_config,
+)
+
+TINY = ModelSpec(
+    name="tiny", hf_id="test/tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
+    num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=100,
+    max_position_embeddings=256, tie_word_embeddings=True, attention_bias=True)
+TINY_REAL = RealSetup(TINY, "fp32", "cpu", 1, "thread")
+
+
+def make_prep(**fields: Any) -> Any:
+    """The teaching scenario (6 requests, all at t = 0: step times cannot reorder them),
+    priced by a constant step time."""
+    base: dict[str, Any] = dict(scenario="teaching", step_time=0.01, max_num_seqs=4,
+                                max_num_batched_tokens=8, block_size=4)
+    return prepare(RunConfig(**{**base, **fields}))
+
+
+# -- both runs, for real ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields", [
+    {"policy": "chunked"},                        # chunked prefill, mixed steps
+    {"policy": "static"},                         # padded prefill, finished members decode
+    {"policy": "continuous"},
+    {"policy": "chunked", "num_gpu_blocks": 3},   # preempt (recompute) and rejections
+], ids=["chunked", "static", "continuous", "preempt"])
+def test_real_run_sees_the_simulated_schedule(fields: dict[str, Any]) -> None:
+    pytest.importorskip("torch")
+    from sim.validate import run_validation, validation_dict
+
+    prep = make_prep(**fields)
+    v = run_validation(prep, TINY_REAL)
+    pred, meas = v.schedules
+    assert pred == meas and len(meas) > 3
+    assert admission_order(v.predicted.requests) == admission_order(v.measured.requests)
+    assert list(v.predicted.requests["status"]) == list(v.measured.requests["status"])
+    assert (v.steps["measured_s"] > 0).all() and (v.steps["predicted_s"] == 0.01).all()
+    assert len(v.steps) == len(meas)
+    data = json.loads(json.dumps(validation_dict(prep, v)))  # serialisable, no NaN
+    assert data["same_schedule"] and data["same_admission_order"]
+    assert data["real"]["timer"] == "thread" and data["step_error"]["num_steps"] == len(meas)
+    if "num_gpu_blocks" in fields:
+        assert v.measured.summary["num_preemptions"] > 0
+
+
+# -- the executor's caches ----------------------------------------------------------------
+
+
+def _req(i: int, prompt: int, out: int = 4) -> Request:
+    return Request(f"r{i}", 0.0, prompt, out, out, index=i)
+
+
+def _run(ex: Any, scheduled: list[tuple[Request, int]], holders: list[Request] | None = None,
+         cost_shape: BatchShape | None = None) -> None:
+    """Execute one plan, then apply the engine's update to the requests."""
+    plan = BatchPlan(list(scheduled), [], holders, cost_shape)
+    ex(plan, cost_shape or BatchShape())
+    for r, n in scheduled:
+        r.num_computed_tokens += n
+        if r.num_computed_tokens >= r.num_tokens:
+            r.num_output_tokens += 1
+
+
+def test_executor_keeps_decodes_contiguous_and_caches_exact() -> None:
+    pytest.importorskip("torch")
+    from calibration.executor import TorchExecutor
+
+    ex = TorchExecutor(TINY, capacity=32, max_num_seqs=3, dtype="fp32", warmup=False)
+    a, b, c = _req(0, 5), _req(1, 7), _req(2, 3)
+    _run(ex, [(a, 5), (b, 4)])                     # a's prompt; b's first chunk
+    _run(ex, [(a, 1), (b, 3), (c, 3)])             # a decodes, b and c finish prompts
+    assert ex._slot[a] == 0
+    _run(ex, [(b, 1), (c, 1)], holders=[b, c])     # a left: b, c decode in slots 0..1
+    assert sorted(ex._slot[r] for r in (b, c)) == [0, 1] and a not in ex._slot
+    assert ex.cache.lengths[ex._slot[b]] == b.num_computed_tokens == 8
+    assert ex.cache.lengths[ex._slot[c]] == c.num_computed_tokens == 4
+    assert len(ex._tokens[b]) == b.num_prompt_tokens + b.num_output_tokens
+    b.num_computed_tokens = 0                      # preempted (recompute), re-admitted
+    _run(ex, [(b, 8), (c, 1)], holders=[b, c])
+    assert ex.cache.lengths[ex._slot[b]] == 8 and ex._slot[c] == 0
+    assert len(ex.timings) == 4 and all(t.seconds > 0 for t in ex.timings)
+    ex.close()
+
+
+def test_executor_sorts_decodes_by_context_and_groups_them() -> None:
+    pytest.importorskip("torch")
+    from calibration.executor import TorchExecutor, decode_groups
+
+    assert decode_groups([300, 298, 250, 120, 118, 40], 128) == [3, 3]
+    assert decode_groups([100] * 5, 128) == [5] and decode_groups([], 128) == []
+    assert decode_groups([2000, 1900, 300, 290], 0) == [1, 1, 1, 1]
+    ex = TorchExecutor(TINY, capacity=32, max_num_seqs=4, dtype="fp32", group_keys=0,
+                       warmup=False)
+    a, b, c, d = _req(0, 3), _req(1, 20), _req(2, 9), _req(3, 14)
+    _run(ex, [(a, 3), (b, 8), (c, 9), (d, 8)])
+    _run(ex, [(a, 1), (b, 8), (c, 1), (d, 6)])     # decodes a (ctx 3), c (ctx 9)
+    assert [ex._slot[r] for r in (c, a)] == [0, 1]
+    _run(ex, [(a, 1), (b, 4), (c, 1), (d, 1)])     # d joins the decodes between them
+    assert [ex._slot[r] for r in (d, c, a)] == [0, 1, 2]
+    for r in (a, b, c, d):
+        assert ex.cache.lengths[ex._slot[r]] == r.num_computed_tokens
+    _run(ex, [(a, 1), (b, 1), (c, 1), (d, 1)])     # all decode: b longest, then d, c, a
+    assert [ex._slot[r] for r in (b, d, c, a)] == [0, 1, 2, 3]
+    ex.close()
+
+
+def test_executor_runs_static_cost_shape_and_refuses_other_shapes() -> None:
+    pytest.importorskip("torch")
+    from calibration.executor import TorchExecutor
+
+    ex = TorchExecutor(TINY, capacity=32, max_num_seqs=2, dtype="fp32", warmup=False)
+    a, b = _req(0, 3), _req(1, 6)
+    pad = BatchShape(num_prefill_tokens=12, num_prefill_seqs=2, prefill_attention_pairs=42,
+                     num_sampled_seqs=2)
+    _run(ex, [(a, 3), (b, 6)], holders=[a, b], cost_shape=pad)
+    assert [ex.cache.lengths[ex._slot[r]] for r in (a, b)] == [6, 6]  # padded prompts
+    dec = BatchShape(num_decode_seqs=2, decode_context_tokens=14, num_sampled_seqs=2)
+    _run(ex, [(b, 1)], holders=[a, b], cost_shape=dec)  # a finished: still computed
+    assert [ex.cache.lengths[ex._slot[r]] for r in (a, b)] == [7, 7]
+    wrong = BatchShape(num_decode_seqs=2, decode_context_tokens=99, num_sampled_seqs=2)
+    with pytest.raises(ValueError, match="differs from the cost_shape"):
+        ex(BatchPlan([(b, 1)], [], [a, b], wrong), wrong)
+    with pytest.raises(ValueError, match="repeats"):
+        TorchExecutor(TINY, capacity=8, max_num_seqs=1, repeats=0)
+    with pytest.raises(ValueError, match="timer 'thread'"):
+        TorchExecutor(TINY, capacity=8, max_num_seqs=1, threads=2, timer="thread")
+    ex.close()
+
+
+# -- the comparison, no torch -------------------------------------------------------------
+
+
+def test_error_figures() -> None:
+    assert relative_error(1.1, 1.0) == pytest.approx(0.1)
+    assert relative_error(None, 1.0) is None and relative_error(1.0, 0.0) is None
+    pred = {"throughput": {"requests_per_s": 2.0}, "e2e_latency_s": {"p50": 1.0}}
+    meas = {"throughput": {"requests_per_s": 2.5}, "e2e_latency_s": {"p50": None}}
+    rows = {r["metric"]: r for r in error_rows(pred, meas)}
+    assert rows["throughput (req/s)"]["error"] == pytest.approx(-0.2)
+    assert rows["E2E p50 (s)"]["error"] is None and rows["TTFT p99 (s)"]["measured"] is None
+    e = step_error([1.0, 2.0, 3.0, 4.0], [1.0, 2.5, 2.0, 4.0])
+    assert e["num_steps"] == 4 and e["bias"] == pytest.approx((0 - 0.2 + 0.5 + 0) / 4)
+    assert e["mape"] == pytest.approx(0.7 / 4) and e["max_abs"] == pytest.approx(0.5)
+    assert e["busy_time_error"] == pytest.approx(10 / 9.5 - 1)
+    assert step_error([], [])["num_steps"] == 0
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_profile_threads_and_validation_config() -> None:
+    assert profile_threads("AMD EPYC (2 cores, 1 torch threads)") == 1
+    assert profile_threads("NVIDIA H100 80GB HBM3") is None
+    cfg = validation_config(None, scenario="teaching", policy="static")
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len) == (32, 512, 2048)
+    assert cfg.profile and cfg.profile.endswith("cpu-qwen2.5-0.5b.json")
+    assert validation_config(None, max_num_seqs=4).max_num_seqs == 4
+    assert cache_capacity(make_prep()) == 4 + 8 + 1
+    assert math.isfinite(cache_capacity(make_prep(max_model_len=5)))
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def _invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, ["validate", *args])
+
+
+def test_validate_command_writes_files_and_prints_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped profile prices the run; the real run uses the tiny model (the
+    profile's 0.5B model would take minutes here)."""
+    pytest.importorskip("torch")
+    import sim.validate as validate
+
+    real_prepare = validate.prepare_validation
+
+    def tiny(*args: Any, **kwargs: Any) -> Any:
+        prep, _ = real_prepare(*args, **kwargs)
+        return prep, dataclasses.replace(TINY_REAL, repeats=2)
+
+    monkeypatch.setattr(validate, "prepare_validation", tiny)
+    out = tmp_path / "v"
+    res = _invoke("--scenario", "teaching", "--policy", "static", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert "E2E p99 (s)" in res.stdout and "same schedule in both runs" in res.stdout
+    data = json.loads((out / "validation.json").read_text())
+    assert data["format"] == "servesim-validation" and data["real"]["repeats"] == 2
+    assert data["config"]["max_num_seqs"] == 32 and data["same_schedule"]
+    html = (out / "validation.html").read_text()
+    assert html.count("<script type=\"text/javascript\">") == 1 and "figure-3" in html
+    assert (out / "measured" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--device", "cuda"), "differs from the profile's device"),
+    (("--profile", "nope.json"), "cannot read profile"),
+    (("--scenario", "nope"), "scenario must be one of"),
+    (("--timer", "sundial"), "timer must be one of"),
+    (("--repeats", "0"), "repeats must be >= 1"),
+])
+def test_validate_command_bad_input(args: tuple[str, ...], message: str,
+                                    tmp_path: Path) -> None:
+    res = _invoke("--scenario", "teaching", *args, "--out", str(tmp_path / "v"))
+    assert res.exit_code == 1
+    assert message in res.stderr and "Traceback" not in res.output
