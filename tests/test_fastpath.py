@@ -63,6 +63,16 @@ def assert_nested_close(a: object, b: object) -> None:
         assert a == b
 
 
+def assert_same(args: dict, cfg: SchedulerConfig, policy: str, blocks: int, bs: int) -> None:
+    """The fast path and the step-by-step reference give the same records."""
+    ref = run(args, cfg, policy, blocks, bs, fast=False)
+    fast = run(args, cfg, policy, blocks, bs, fast=True)
+    assert_frames_close(fast.requests, ref.requests)
+    assert_frames_close(fast.steps, ref.steps)
+    np.testing.assert_allclose(np.sort(fast.itl_s), np.sort(ref.itl_s), rtol=1e-9)
+    assert_nested_close(fast.summary, ref.summary)
+
+
 @st.composite
 def workloads(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]:
     n = draw(st.integers(1, 24))
@@ -91,13 +101,7 @@ def workloads(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_fast_path_equals_step_by_step(w: tuple[dict, SchedulerConfig, str, int, int]) -> None:
-    args, cfg, policy, blocks, bs = w
-    ref = run(args, cfg, policy, blocks, bs, fast=False)
-    fast = run(args, cfg, policy, blocks, bs, fast=True)
-    assert_frames_close(fast.requests, ref.requests)
-    assert_frames_close(fast.steps, ref.steps)
-    np.testing.assert_allclose(np.sort(fast.itl_s), np.sort(ref.itl_s), rtol=1e-9)
-    assert_nested_close(fast.summary, ref.summary)
+    assert_same(*w)
 
 
 def test_fast_path_takes_long_decode_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,13 +151,7 @@ def tight_chunked(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tight_chunked())
 def test_decode_groups_equal_step_by_step(w: tuple[dict, SchedulerConfig, str, int, int]) -> None:
-    args, cfg, policy, blocks, bs = w
-    ref = run(args, cfg, policy, blocks, bs, fast=False)
-    fast = run(args, cfg, policy, blocks, bs, fast=True)
-    assert_frames_close(fast.requests, ref.requests)
-    assert_frames_close(fast.steps, ref.steps)
-    np.testing.assert_allclose(np.sort(fast.itl_s), np.sort(ref.itl_s), rtol=1e-9)
-    assert_nested_close(fast.summary, ref.summary)
+    assert_same(*w)
 
 
 @pytest.mark.parametrize(("scenario", "cache", "policy", "blocks"), [
