@@ -55,7 +55,7 @@ def assert_nested_close(a: object, b: object) -> None:
             assert_nested_close(a[k], b[k])
     elif isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_nested_close(x, y)
     elif isinstance(a, float) and isinstance(b, float):
         assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (a, b)
