@@ -51,7 +51,8 @@ def run_one(args: list[str]) -> dict[str, float]:
                 "file=sys.stderr)")
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", code, *args, "--out", tmp],
-                              capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
+                              capture_output=True, text=True,
+                              env={**os.environ, "COLUMNS": "120"})
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or not (Path(tmp) / "summary.json").exists():
             raise SystemExit(f"servesim run failed: {proc.stderr.strip()[-400:]}")
