@@ -25,7 +25,6 @@ from sim.kv_cache import KVCacheManager
 from sim.prefix_cache import PrefixCachingKV
 from sim.request import Request, RequestStatus
 
-
 #: ``prefix_hit``'s answer when admission certainly fails for lack of blocks (an empty
 #: hit, so a caller that does not look for it fails the admission as before).
 NO_FIT: list[int] = []

@@ -250,7 +250,8 @@ class PrefixCachingKV(KVCacheManager):
 
     def num_new_blocks(self, req: Request, hit: list[int], num_tokens: int) -> int:
         """Free blocks that admitting ``req`` with ``hit`` for ``num_tokens`` tokens
-        would take: new blocks plus the hit blocks that were free (evictable)."""
+        would take: new blocks plus the hit blocks that were free (evictable), whose
+        count it leaves in ``_touched`` (allocate_cached asks it first)."""
         if hit is self._touched[0]:  # asked again about the same lookup, nothing changed
             touched = self._touched[1]
         else:
@@ -471,7 +472,8 @@ class BlockHashCache(PrefixCachingKV):
         n = len(requests)
         if self._nstale or n > 16:
             for r in requests:
-                assert self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
+                got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
+                assert got, "the caller checked the free blocks"
             return
         ql, key, ref = self._qlist, self._index.key, self._ref_cnt
         h = self._head
@@ -503,8 +505,8 @@ class BlockHashCache(PrefixCachingKV):
         if hit:
             h = self._hit_array(hit)
             ref = self._ref_cnt
-            taken = h[ref[h] == 0]
-            if len(taken):  # free blocks leave the queue: their entries are now stale
+            if self._touched[1]:  # free blocks leave the queue: their entries go stale
+                taken = h[ref[h] == 0]
                 self._stamp[taken] = 0
                 self._nfree -= len(taken)
                 self._nstale += len(taken)

@@ -15,7 +15,7 @@ block b is indexed at (0: none; position 0 is never a slot), and slot p holds a 
 block exactly when ``key[arena[p]] == p``. Evicting blocks is therefore one write to
 ``key``; their slots need no clearing. When the arena fills, the extents of chains no
 block is cached under any more are dropped and the rest moved together
-(``_compact``); that renumbers positions, so the positions kept per request carry the
+(``_make_room``); that renumbers positions, so the positions kept per request carry the
 compaction count (``epoch``) they belong to.
 """
 
@@ -54,8 +54,8 @@ class PrefixIndex:
     """Slots of segment chains in one arena, and the slot each cached block is indexed
     at. Owns no block lifetimes: the caches decide what is indexed and evicted."""
 
-    __slots__ = ("_block_size", "_chains", "_epoch", "_ext_base", "_ext_chain", "_ext_off",
-                 "_multi", "_pos", "_spans", "_top", "arena", "key")
+    __slots__ = ("_block_size", "_chains", "_ext_base", "_ext_chain", "_ext_off", "_multi",
+                 "_pos", "_spans", "_top", "arena", "epoch", "key")
 
     def __init__(self, num_gpu_blocks: int, block_size: int,
                  spans: Callable[[Request], Spans]) -> None:
@@ -75,7 +75,7 @@ class PrefixIndex:
         self._ext_base: list[int] = []
         self._ext_chain: list[int] = []
         self._ext_off: dict[int, int] = {}
-        self._epoch = 0
+        self.epoch = 0
         self._pos: dict[Request, tuple[int, int, np.ndarray]] = {}  # (epoch, spans done, pos)
 
     # -- positions --
@@ -84,7 +84,7 @@ class PrefixIndex:
         made. The positions of all its full prompt blocks are kept (blocks after them,
         its answer's, are asked for once, at release, when ``start`` is past them)."""
         got = self._pos.get(req)
-        if got is not None and got[0] == self._epoch:
+        if got is not None and got[0] == self.epoch:
             if len(got[2]) >= n:
                 return got[2][start:n]
             old, first = got[2], got[1]
@@ -98,7 +98,7 @@ class PrefixIndex:
         if len(old) and start >= len(old):  # only blocks after the kept ones
             return _concat(starts, lens)[start - len(old):n - len(old)]
         pos = _concat(starts, lens, old)
-        self._pos[req] = (self._epoch, k, pos)
+        self._pos[req] = (self.epoch, k, pos)
         return pos[start:n]
 
     def _runs(self, spans: Spans, first: int, start: int, n: int
@@ -115,23 +115,24 @@ class PrefixIndex:
         new_base, new_chain = self._ext_base.append, self._ext_chain.append
         top, end = self._top, -1
         k = first
-        for k in range(first, len(spans), 3):  # noqa: B007 (k is returned)
-            j0 = spans[k + 1]
+        for k, chain, j0, j1 in zip(range(first, len(spans), 3), spans[first::3],  # noqa: B007
+                                    spans[first + 1::3], spans[first + 2::3], strict=True):
             if j0 >= n:
                 break
-            chain, j1 = spans[k], spans[k + 2]
-            i0 = start - j0 if start > j0 else 0
             i1 = (j1 if j1 < n else n) - j0
             ext = get(chain)
-            if ext is None:  # a new chain: i0 is 0
+            if ext is None:  # a new chain (so start <= j0: from its first slot)
                 chains[chain] = top << _SHIFT | i1
                 new_base(top)
                 new_chain(chain)
                 s = top
                 top += i1
+                i0 = 0
             elif ext >= 0 and ext & _SLOTS >= i1:  # one extent, large enough
+                i0 = start - j0 if start > j0 else 0
                 s = (ext >> _SHIFT) + i0
             else:
+                i0 = start - j0 if start > j0 else 0
                 self._top = top
                 self._emit(self._extend(chain, i1), i0, i1, starts, lens)
                 top, end = self._top, starts[-1] + lens[-1]
@@ -194,32 +195,20 @@ class PrefixIndex:
         self._pos.pop(req, None)
 
     def _make_room(self, n: int) -> None:
-        """Compact, and grow the arena until what is left and ``n`` more slots fill at
-        most a 32nd of it (so compactions stay rare)."""
-        self._compact()
-        size = len(self.arena)
-        while 32 * (self._top + n) > size:
-            size *= 2
-        if size > len(self.arena):
-            arena = np.zeros(size, np.int64)
-            arena[:self._top] = self.arena[:self._top]
-            self.arena = arena
-
-    def _compact(self) -> None:
-        """Keep only the chains some cached block is indexed under, each as one extent
-        in arena order; renumber ``key`` and start a new epoch."""
+        """Compact: keep only the chains some cached block is indexed under, each as one
+        extent in arena order, in an arena with room for ``n`` more slots and, so that
+        compactions stay rare, for at least as many as are kept and a million more.
+        Renumbers ``key`` and starts a new epoch."""
         key, arena = self.key, self.arena
         cached = np.flatnonzero(key)
         pos = key[cached]
         bases = np.array(self._ext_base, np.int64)
         ext = np.searchsorted(bases, pos, side="right") - 1
-        live = np.unique(ext).tolist()
-        new_arena = np.zeros(len(arena), np.int64)
         shift = np.zeros(len(bases), np.int64)
         chains: dict[int, int] = {}
-        ext_base, ext_chain = [], []
+        ext_base, ext_chain, copies = [], [], []
         top = 1
-        for e in live:
+        for e in np.unique(ext).tolist():
             chain = self._ext_chain[e]
             new = chains.get(chain)
             if new is None:
@@ -228,21 +217,27 @@ class PrefixIndex:
                 ext_base.append(top)
                 ext_chain.append(chain)
                 top += slots
-            end = self._ext_base[e + 1] if e + 1 < len(bases) else self._top
             dst = (new >> _SHIFT) + self._ext_off.get(e, 0)
-            new_arena[dst:dst + end - bases[e]] = arena[bases[e]:end]
-            shift[e] = dst - bases[e]
+            end = self._ext_base[e + 1] if e + 1 < len(bases) else self._top
+            copies.append((dst, self._ext_base[e], end))
+            shift[e] = dst - self._ext_base[e]
+        need = top + n
+        self.arena = np.zeros(max(2 * need, need + (1 << 20)), np.int64)
+        for dst, a, b in copies:
+            self.arena[dst:dst + b - a] = arena[a:b]
         key[cached] = pos + shift[ext]
-        self.arena, self._chains, self._top = new_arena, chains, top
+        self._chains, self._top = chains, top
         self._ext_base, self._ext_chain = ext_base, ext_chain
         self._ext_off, self._multi = {}, {}
-        self._epoch += 1
+        self.epoch += 1
         self._pos.clear()
 
     # -- lookup and update --
     def lookup(self, pos: np.ndarray, limit: int) -> np.ndarray:
         """The cached blocks at positions ``pos[:limit]``, up to the first slot that
         holds none."""
+        if limit <= 0:
+            return _EMPTY
         arena, key = self.arena, self.key
         m = limit if limit < _PROBE else _PROBE
         while True:

@@ -5,8 +5,8 @@ The tree. A node of SGLang's radix tree is a *run* here: a chain of cached full 
 top to bottom, whose last block (the run's *end*) carries the run (``_run``), its child
 count and, for eviction, its access time; every block knows its run's end
 (``_run_end``), a run's first block its parent (a run end, or 0 for the root: block 0
-is the null block). Blocks are found through the per-segment index (sim/prefix_cache.py),
-whose keys name the whole path from the root, so it is the tree's child lookup
+is the null block). Blocks are found through the per-segment index (sim/prefix_index.py),
+whose slots name the whole path from the root, so it is the tree's child lookup
 flattened. Reference counts play SGLang's ``lock_ref``: a request holds whole runs from
 the root down (where a request's path would end inside a run the run is split, as
 SGLang splits a node where a match or an insert ends), so the blocks of a run always
@@ -24,11 +24,11 @@ Behaviour, as SGLang:
   (SGLang evicts whole leaf nodes; a parent becomes a candidate once its last child is
   gone), so a shared prefix outlives the branches below it, unlike vLLM's free queue,
   which may drop a middle block of a chain.
-- Access times (a logical clock) order the evictable leaves: a node is stamped when its
-  last holder frees it, the moment it becomes evictable (SGLang stamps nodes on every
-  match and insert; only the stamp a node has while unreferenced decides its turn, so
-  stamping at release orders them the same way, except that a lookup which does not
-  lead to admission refreshes nothing here).
+- Access times (a logical clock) order the evictable leaves: a run is stamped (at its
+  end; a split copies the stamp) when its last holder frees it, the moment it becomes
+  evictable (SGLang stamps nodes on every match and insert; only the stamp a node has
+  while unreferenced decides its turn, so stamping at release orders them the same
+  way, except that a lookup which does not lead to admission refreshes nothing here).
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ class RadixCache(PrefixCachingKV):
         free, ref = self._free, self._ref_cnt
         if len(requests) > len(free):  # evictions first
             for r in requests:
-                assert self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
+                got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
+                assert got, "the caller checked the free blocks"
             return
         for r in requests:
             b = free.pop()
@@ -223,7 +224,7 @@ class RadixCache(PrefixCachingKV):
             self._split(hit[-1])  # SGLang splits the matched node here
             h = self._hit_array(hit)
             ref = self._ref_cnt
-            self._num_evictable -= int(np.count_nonzero(ref[h] == 0))
+            self._num_evictable -= self._touched[1]  # the hit blocks that were free
             ref[h] += 1
         self._set_blocks(req, hit)
         self._admitted(req, hit)
