@@ -178,6 +178,16 @@ class PrefixCachingKV(KVCacheManager):
                  "_registered", "_touched", "stats")
     mode: ClassVar[str] = ""
 
+    def _finish_admission(self, req: Request, hit: Any, num_tokens: int) -> bool:
+        """The shared end of an admission (both modes): hand the hit blocks to ``req``,
+        record the hit, and allocate its uncached tokens (checked to fit before)."""
+        self._set_blocks(req, hit)
+        self._admitted(req, hit)
+        self._touched = (None, 0)
+        ok = self.allocate_up_to(req, num_tokens)
+        assert ok is not None, "checked above"
+        return True
+
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         super().__init__(num_gpu_blocks, block_size)
         self._ref_cnt = np.zeros(num_gpu_blocks, np.int64)
@@ -511,12 +521,7 @@ class BlockHashCache(PrefixCachingKV):
                 self._nfree -= len(taken)
                 self._nstale += len(taken)
             ref[h] += 1
-        self._set_blocks(req, hit)
-        self._admitted(req, hit)
-        self._touched = (None, 0)
-        ok = self.allocate_up_to(req, num_tokens)
-        assert ok is not None, "checked above"
-        return True
+        return self._finish_admission(req, hit, num_tokens)
 
     def free(self, request: Request) -> int:
         self._release(request)

@@ -226,12 +226,7 @@ class RadixCache(PrefixCachingKV):
             ref = self._ref_cnt
             self._num_evictable -= self._touched[1]  # the hit blocks that were free
             ref[h] += 1
-        self._set_blocks(req, hit)
-        self._admitted(req, hit)
-        self._touched = (None, 0)
-        ok = self.allocate_up_to(req, num_tokens)
-        assert ok is not None, "checked above"
-        return True
+        return self._finish_admission(req, hit, num_tokens)
 
     def free(self, request: Request) -> int:
         """Release the request's path: its runs are stamped now and stay cached (its
