@@ -298,7 +298,8 @@ class Engine:
         if not reqs:
             return None
         if group is not None:
-            k = min(group.steps_to_first_finish(), MAX_RUN_STEPS)
+            # The run may end with the step in which members sample their last token.
+            k = min(group.steps_to_first_finish() + 1, MAX_RUN_STEPS)
             if k < 2:
                 return None
             k = group.safe_steps(k, self.kv.num_free_blocks)
@@ -324,16 +325,20 @@ class Engine:
         start, end, bs = times[0], times[k], kv.block_size
         regular0 = 0
         group = run.group
+        finished: list[Request] = []
         if group is not None:
             new_blocks = group.allocate_for_steps(k, kv.num_free_blocks)  # type: ignore[assignment]
             assert new_blocks is not None, "fast path: blocks checked by safe_steps"
+            n = len(group)
             if group.last_end != start:  # a shared stall before the run (see DecodeGroup)
-                rec.itl.extend([times[1] - group.last_end] * len(group))
+                rec.itl.extend([times[1] - group.last_end] * n)
             else:
-                regular0 = len(group)
+                regular0 = n
+            # Members whose last token comes in the run's last step (its only finishes).
             finished = group.advance(k, end)
-            assert not finished, "fast path: the run ends before any member finishes"
             reqs = ()
+        else:
+            n = len(reqs)
         for r in reqs:
             if r.last_token_time == start:
                 regular0 += 1
@@ -345,7 +350,6 @@ class Engine:
             r.last_token_time = end
             if len(r.block_ids) * bs < c and kv.allocate_up_to(r, c) is None:
                 raise AssertionError("fast path: blocks checked by safe_steps did not fit")
-        n = len(group) if group is not None else len(reqs)
         self._num_sampled += n * k
         advance = getattr(self.policy, "advance", None)
         if advance is not None:
@@ -364,6 +368,15 @@ class Engine:
         if k > 1:
             rec.itl_step_s.extend([times[j + 1] - times[j] for j in range(1, k)])
             rec.itl_step_count.extend(array("q", [n]) * (k - 1))
+        if finished:  # released after the last step's row, as the step-by-step path does
+            for req in finished:
+                _finish(req)
+            on_release = self.on_release
+            for req in self.policy.on_step_end(finished, end):
+                req.finish_time = end
+                rec.record_request(req)
+                if on_release is not None:
+                    on_release(req, end)
 
     def _stall_limit(self) -> int:
         """Steps without a sampled token before a livelock is declared: a legal schedule

@@ -106,7 +106,8 @@ def test_fast_path_equals_step_by_step(w: tuple[dict, SchedulerConfig, str, int,
 
 def test_fast_path_takes_long_decode_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     # Two requests decoding 200 tokens each with ample blocks: after the prefill step the
-    # engine advances the decode phase in one run (198 steps), then the finishing step.
+    # engine advances the decode phase in one run of 199 steps, the last of them the one
+    # in which both sample their 200th token.
     runs: list[int] = []
     real = Engine._apply_run
 
@@ -120,7 +121,7 @@ def test_fast_path_takes_long_decode_runs(monkeypatch: pytest.MonkeyPatch) -> No
     ref = run(args, cfg, "chunked", 1000, 16, fast=False)
     assert runs == []
     fast = run(args, cfg, "chunked", 1000, 16, fast=True)
-    assert runs == [198]
+    assert runs == [199]
     assert len(fast.steps) == len(ref.steps) == 200
     assert fast.requests["finish_time"].tolist() == ref.requests["finish_time"].tolist()
 
