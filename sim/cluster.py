@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from sim.config import SchedulerConfig
@@ -225,23 +224,33 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     kw: dict[str, Any] = {"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks,
                           "block_size": block_size, "slo_ttft_s": slo_ttft_s,
                           "slo_tpot_s": slo_tpot_s}
-    req_frames, step_frames, itls, per_replica = [], [], [], []
+    req_tables, step_tables, itls, per_replica = [], [], [], []
     for rep in reps:
-        req = rep.recorder.requests_frame()
-        steps = rep.recorder.steps_frame()
+        req = rep.recorder.request_columns()
+        steps = rep.recorder.step_columns()
         itl = rep.recorder.itl_samples()
         per_replica.append({"replica": rep.index, "num_routed": len(rep.routed),
                             **summarize(req, steps, itl, **kw)})
-        req_frames.append(req.assign(replica=rep.index))
-        step_frames.append(steps.assign(replica=rep.index))
+        req_tables.append(_with_replica(req, rep.index))
+        step_tables.append(_with_replica(steps, rep.index))
         itls.append(itl)
-    # Each replica's frame is in ascending workload index; put the whole in that order.
+    # Each replica's table is in ascending workload index; put the whole in that order.
     order = np.argsort(np.concatenate([np.sort(np.asarray(r.routed, dtype=np.int64))
                                        for r in reps]), kind="stable")
-    requests = pd.concat(req_frames, ignore_index=True).iloc[order].reset_index(drop=True)
-    steps = (pd.concat(step_frames, ignore_index=True)
-             .sort_values(["start_time", "replica"], kind="stable").reset_index(drop=True))
+    requests = {c: v[order] for c, v in _concat(req_tables).items()}
+    steps = _concat(step_tables)
+    by_start = np.lexsort((steps["replica"], steps["start_time"]))  # stable
+    steps = {c: v[by_start] for c, v in steps.items()}
     itl_all = ItlSamples.concat(itls)
     summary = summarize(requests, steps, itl_all, **kw)
     summary["replicas"] = per_replica
     return SimResult(requests, steps, itl_all, summary)
+
+
+def _with_replica(table: dict[str, np.ndarray], replica: int) -> dict[str, np.ndarray]:
+    n = len(next(iter(table.values())))
+    return {**table, "replica": np.full(n, replica, dtype=np.int64)}
+
+
+def _concat(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}

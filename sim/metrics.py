@@ -1,14 +1,15 @@
 """Run records and their summary.
 
 The Recorder collects one row per request (when it finishes or is rejected), one row
-per engine step, and the pooled inter-token latencies. ``summarize`` turns them into
-summary.json. Definitions follow vLLM's benchmarks (``benchmarks/benchmark_serving.py``):
-ttft = first_token_time - arrival_time (queueing included); tpot = (finish_time -
-first_token_time) / (num_output_tokens - 1), left out for one-token outputs; itl = gaps
-between successive token times of a request (TTFT is never an ITL sample); throughput
-counts completed requests only, over first arrival to last finish; goodput counts
-completed requests meeting every SLO given (<=). Percentiles are numpy's linear
-interpolation, as vLLM's benchmark uses.
+per engine step, and the pooled inter-token latencies, and hands them out as column
+tables (sim/table.py: numpy only, so the run path never imports pandas). ``summarize``
+turns them into summary.json. Definitions follow vLLM's benchmarks
+(``benchmarks/benchmark_serving.py``): ttft = first_token_time - arrival_time
+(queueing included); tpot = (finish_time - first_token_time) / (num_output_tokens - 1),
+left out for one-token outputs; itl = gaps between successive token times of a request
+(TTFT is never an ITL sample); throughput counts completed requests only, over first
+arrival to last finish; goodput counts completed requests meeting every SLO given (<=).
+Percentiles are numpy's linear interpolation, as vLLM's benchmark uses.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.request import Request, RequestStatus
 from sim.saturation import saturation_summary
+from sim.table import Table, column, to_frame
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STEP_COLUMNS = (
     "start_time", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
@@ -35,13 +39,24 @@ REQUEST_COLUMNS = (
     "num_output_tokens", "num_preemptions", "status", "finish_reason", "reason", "num_swaps",
 )
 PERCENTILES = (50, 90, 95, 99)
+_FLOAT_STEP_COLUMNS = ("start_time", "duration_s")
+#: What record_request stores per request, in this order.
+_RAW_REQUEST_COLUMNS = (
+    "request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
+    "num_prompt_tokens", "num_output_tokens", "num_preemptions", "status", "finish_reason",
+    "reason", "num_swaps",
+)
+_FLOAT_REQUEST_COLUMNS = ("arrival_time", "first_scheduled_time", "first_token_time",
+                          "finish_time")
+_OBJECT_REQUEST_COLUMNS = ("request_id", "status", "finish_reason", "reason")
 
 
 class Recorder:
     """Append-only columns of request rows, step rows and ITL samples (seconds).
 
-    Step rows are stored in typed arrays (8 or 16 bytes a field), so a long run does not
-    hold a Python object per step or per token.
+    Step rows are stored in typed arrays (8 bytes a field), so a long run does not hold a
+    Python object per step or per token. ``request_columns`` and ``step_columns`` return
+    them as column tables (sim/table.py).
     """
 
     def __init__(self) -> None:
@@ -53,8 +68,14 @@ class Recorder:
         self.itl = array("d")
         self.itl_step_s = array("d")
         self.itl_step_count = array("q")
-        self._f = {c: array("d") for c in ("start_time", "duration_s")}
-        self._i = {c: array("q") for c in STEP_COLUMNS[2:]}
+        self._steps: dict[str, array[Any]] = {
+            c: array("d" if c in _FLOAT_STEP_COLUMNS else "q") for c in STEP_COLUMNS}
+        # record_step runs once per engine step: each column's bound append, looked up once.
+        (self._start_append, self._duration_append, self._seqs_append,
+         self._prefill_append, self._decode_append, self._blocks_append,
+         self._waiting_append, self._useful_append, self._idle_append,
+         self._empty_append, self._preempted_append) = (
+            self._steps[c].append for c in STEP_COLUMNS)
 
     def record_request(self, req: Request) -> None:
         """Store the final state of a finished or rejected request."""
@@ -71,14 +92,18 @@ class Recorder:
         num_decode_tokens: int, kv_blocks_used: int, num_waiting: int, slots_useful: int,
         slots_idle: int, slots_empty: int, num_preempted: int,
     ) -> None:
-        f, i = self._f, self._i
-        f["start_time"].append(start)
-        f["duration_s"].append(duration)
-        for name, v in zip(STEP_COLUMNS[2:], (
-            num_seqs, num_prefill_tokens, num_decode_tokens, kv_blocks_used, num_waiting,
-            slots_useful, slots_idle, slots_empty, num_preempted,
-        ), strict=False):
-            i[name].append(v)
+        """Store one engine step (STEP_COLUMNS, in that order; times in seconds)."""
+        self._start_append(start)
+        self._duration_append(duration)
+        self._seqs_append(num_seqs)
+        self._prefill_append(num_prefill_tokens)
+        self._decode_append(num_decode_tokens)
+        self._blocks_append(kv_blocks_used)
+        self._waiting_append(num_waiting)
+        self._useful_append(slots_useful)
+        self._idle_append(slots_idle)
+        self._empty_append(slots_empty)
+        self._preempted_append(num_preempted)
 
     def itl_samples(self) -> ItlSamples:
         """Every ITL sample so far, as (values_s, counts)."""
@@ -97,15 +122,15 @@ class Recorder:
         """Rows for a run of decode-only steps (the fast path): step j starts at times[j],
         lasts dts[j] and holds kv_blocks_used[j] blocks; the rest is constant."""
         k = len(dts)
-        f, i = self._f, self._i
-        f["start_time"].extend(times[:k])
-        f["duration_s"].extend(dts)
-        i["kv_blocks_used"].extend(kv_blocks_used)
+        s = self._steps
+        s["start_time"].extend(times[:k])
+        s["duration_s"].extend(dts)
+        s["kv_blocks_used"].extend(kv_blocks_used)
         for name, v in (("num_seqs", num_seqs), ("num_prefill_tokens", 0),
                         ("num_decode_tokens", num_seqs), ("num_waiting", num_waiting),
                         ("slots_useful", num_seqs), ("slots_idle", slots_idle),
                         ("slots_empty", slots_empty), ("num_preempted", 0)):
-            i[name].extend(array("q", [v]) * k)
+            s[name].extend(array("q", (v,)) * k)
 
     @property
     def num_requests(self) -> int:
@@ -114,37 +139,53 @@ class Recorder:
 
     @property
     def num_steps(self) -> int:
-        return len(self._f["start_time"])
+        """Steps recorded so far."""
+        return len(self._steps["start_time"])
+
+    def request_columns(self) -> dict[str, np.ndarray]:
+        """One row per request, in workload order, with the derived latency columns: a
+        column table (sim/table.py) of REQUEST_COLUMNS. Times are float64 seconds (NaN
+        where the event never happened or the metric is undefined), counts int64,
+        request_id / status / finish_reason / reason object arrays (str or None)."""
+        rows = self._req_rows
+        n = len(rows)
+        order = np.argsort(np.frombuffer(self._req_index, dtype=np.int64), kind="stable") \
+            if n else np.zeros(0, dtype=np.int64)
+        raw = dict(zip(_RAW_REQUEST_COLUMNS, zip(*rows, strict=True) if n
+                       else [()] * len(_RAW_REQUEST_COLUMNS), strict=True))
+        cols: dict[str, np.ndarray] = {}
+        for c, values in raw.items():
+            if c in _OBJECT_REQUEST_COLUMNS:
+                a = np.empty(n, dtype=object)
+                a[:] = values
+            else:  # None (an event that never happened) becomes NaN
+                a = np.array(values, dtype=np.float64 if c in _FLOAT_REQUEST_COLUMNS
+                             else np.int64)
+            cols[c] = a[order]
+        arrival, first_token = cols["arrival_time"], cols["first_token_time"]
+        finish, n_out = cols["finish_time"], cols["num_output_tokens"]
+        done = cols["status"] == RequestStatus.FINISHED.value
+        cols["ttft_s"] = np.where(done, first_token - arrival, np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = (finish - first_token) / (n_out - 1)
+        cols["tpot_s"] = np.where(done & (n_out > 1), tpot, np.nan)
+        cols["e2e_latency_s"] = np.where(done, finish - arrival, np.nan)
+        cols["queued_time_s"] = cols["first_scheduled_time"] - arrival
+        return {c: cols[c] for c in REQUEST_COLUMNS}
+
+    def step_columns(self) -> dict[str, np.ndarray]:
+        """One row per engine step: a column table of STEP_COLUMNS (start_time and
+        duration_s float64 seconds, the rest int64 counts)."""
+        return {c: np.array(a, dtype=np.float64 if a.typecode == "d" else np.int64)
+                for c, a in self._steps.items()}
 
     def requests_frame(self) -> pd.DataFrame:
-        """One row per request, in workload order, with the derived latency columns."""
-        cols = ("request_id", "arrival_time", "first_scheduled_time", "first_token_time",
-                "finish_time", "num_prompt_tokens", "num_output_tokens", "num_preemptions",
-                "status", "finish_reason", "reason", "num_swaps")
-        df = pd.DataFrame.from_records(self._req_rows, columns=list(cols))
-        df.insert(0, "_index", np.frombuffer(self._req_index, dtype=np.int64)
-                  if len(self._req_index) else np.zeros(0, dtype=np.int64))
-        df = df.sort_values("_index", kind="stable").drop(columns="_index")
-        df = df.reset_index(drop=True)
-        for c in ("first_scheduled_time", "first_token_time", "finish_time"):
-            df[c] = df[c].astype("float64")
-        done = df["status"] == RequestStatus.FINISHED.value
-        df["ttft_s"] = np.where(done, df["first_token_time"] - df["arrival_time"], np.nan)
-        n_out = df["num_output_tokens"].to_numpy()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tpot = (df["finish_time"] - df["first_token_time"]) / (n_out - 1)
-        df["tpot_s"] = np.where(done & (n_out > 1), tpot, np.nan)
-        df["e2e_latency_s"] = np.where(done, df["finish_time"] - df["arrival_time"], np.nan)
-        df["queued_time_s"] = df["first_scheduled_time"] - df["arrival_time"]
-        return df[list(REQUEST_COLUMNS)]
+        """``request_columns`` as a pandas DataFrame (imports pandas)."""
+        return to_frame(self.request_columns())
 
     def steps_frame(self) -> pd.DataFrame:
-        """One row per engine step."""
-        data: dict[str, np.ndarray] = {}
-        for c in STEP_COLUMNS:
-            arr = self._f[c] if c in self._f else self._i[c]
-            data[c] = np.array(arr, dtype=np.float64 if c in self._f else np.int64)
-        return pd.DataFrame(data)
+        """``step_columns`` as a pandas DataFrame (imports pandas)."""
+        return to_frame(self.step_columns())
 
 
 @dataclass(frozen=True)
@@ -213,23 +254,29 @@ RLE_KEY = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
            "slots_useful", "slots_idle", "slots_empty")
 
 
-def compress_steps(steps: pd.DataFrame) -> pd.DataFrame:
-    """Run-length compress a steps frame: consecutive steps with the same composition
-    (RLE_KEY) and no preemption share one row with ``num_steps`` = how many, the first
-    step's ``start_time``, the summed ``duration_s`` and the largest ``kv_blocks_used``.
-    A step with a preemption always keeps its own row. An uncompressed frame is the same
-    with ``num_steps`` = 1 everywhere."""
-    if steps.empty:
-        return steps.assign(num_steps=np.zeros(0, dtype=np.int64))
-    key = steps[list(RLE_KEY)].to_numpy()
-    pre = steps["num_preempted"].to_numpy() > 0
-    new = np.ones(len(steps), dtype=bool)
-    new[1:] = (key[1:] != key[:-1]).any(axis=1) | pre[1:] | pre[:-1]
+def compress_steps(steps: Table | pd.DataFrame) -> dict[str, np.ndarray]:
+    """Run-length compress a step table (columns as in STEP_COLUMNS, and any others,
+    such as a cluster's ``replica``; a DataFrame works too): consecutive steps with the
+    same composition (RLE_KEY) and no preemption share one row with ``num_steps`` = how
+    many, the first step's ``start_time`` (and other columns), the summed ``duration_s``
+    and the largest ``kv_blocks_used``. A step with a preemption always keeps its own
+    row. Returns a column table: the input's columns in their order, then ``num_steps``
+    (int64). An uncompressed table is the same with ``num_steps`` = 1 everywhere."""
+    cols = {c: column(steps, c) for c in steps}
+    n = len(cols["start_time"])
+    if n == 0:
+        return {**cols, "num_steps": np.zeros(0, dtype=np.int64)}
+    pre = cols["num_preempted"] > 0
+    new = np.ones(n, dtype=bool)
+    new[1:] = pre[1:] | pre[:-1]
+    for c in RLE_KEY:
+        k = cols[c]
+        new[1:] |= k[1:] != k[:-1]
     group = np.cumsum(new) - 1
     first = np.flatnonzero(new)
-    out = steps.iloc[first].reset_index(drop=True)
-    out["duration_s"] = np.bincount(group, weights=steps["duration_s"].to_numpy())
-    out["kv_blocks_used"] = np.maximum.reduceat(steps["kv_blocks_used"].to_numpy(), first)
+    out = {c: v[first] for c, v in cols.items()}
+    out["duration_s"] = np.bincount(group, weights=cols["duration_s"])
+    out["kv_blocks_used"] = np.maximum.reduceat(cols["kv_blocks_used"], first)
     out["num_steps"] = np.bincount(group).astype(np.int64)
     return out
 
@@ -260,59 +307,70 @@ def meets_slos(ttft: np.ndarray, tpot: np.ndarray, slo_ttft_s: float | None,
 
 
 def summarize(
-    requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray | ItlSamples, *,
-    max_num_seqs: int,
+    requests: Table | pd.DataFrame, steps: Table | pd.DataFrame,
+    itl: np.ndarray | ItlSamples, *, max_num_seqs: int,
     num_gpu_blocks: int, block_size: int, slo_ttft_s: float | None = None,
     slo_tpot_s: float | None = None,
 ) -> dict[str, Any]:
     """The summary.json dictionary (keys listed in the README; later versions add keys,
-    never rename). ``itl`` is the pooled ITL samples in seconds (an array or ItlSamples)."""
-    done = (requests["status"] == RequestStatus.FINISHED.value).to_numpy()
-    fin = requests[done]
-    duration = float(fin["finish_time"].max() - requests["arrival_time"].min()) if len(fin) else 0.0
-    n_out = int(fin["num_output_tokens"].sum())
-    n_tot = n_out + int(fin["num_prompt_tokens"].sum())
+    never rename). ``requests`` holds REQUEST_COLUMNS and ``steps`` STEP_COLUMNS, as
+    column tables (sim/table.py) or DataFrames; ``itl`` is the pooled ITL samples in
+    seconds (an array or ItlSamples)."""
+    status = column(requests, "status")
+    done = status == RequestStatus.FINISHED.value
+
+    def fin(name: str) -> np.ndarray:
+        return column(requests, name)[done]
+
+    n_fin = int(done.sum())
+    # nanmax / nanmin: pandas' max / min skip NaN, as these did when they were pandas'.
+    duration = (float(np.nanmax(fin("finish_time"))
+                      - np.nanmin(column(requests, "arrival_time"))) if n_fin else 0.0)
+    n_out = int(fin("num_output_tokens").sum())
+    n_tot = n_out + int(fin("num_prompt_tokens").sum())
 
     def per_s(x: float) -> float:
         return x / duration if duration > 0 else 0.0
 
     goodput = None
     if slo_ttft_s is not None or slo_tpot_s is not None:
-        ok = meets_slos(fin["ttft_s"].to_numpy(), fin["tpot_s"].to_numpy(), slo_ttft_s,
-                        slo_tpot_s)
+        ok = meets_slos(fin("ttft_s"), fin("tpot_s"), slo_ttft_s, slo_tpot_s)
         goodput = per_s(float(ok.sum()))
-    num_steps = len(steps)
+    num_seqs = column(steps, "num_seqs")
+    num_steps = len(num_seqs)
     slot_total = num_steps * max_num_seqs
-    dur = steps["duration_s"].to_numpy()
+    dur = column(steps, "duration_s")
     usable = max(num_gpu_blocks - 1, 1)
-    usage = steps["kv_blocks_used"].to_numpy() / usable
+    usage = column(steps, "kv_blocks_used") / usable
     return {
-        "num_requests": len(requests),
-        "num_finished": int(done.sum()),
-        "num_rejected": int((requests["status"] == RequestStatus.REJECTED.value).sum()),
+        "num_requests": len(status),
+        "num_finished": n_fin,
+        "num_rejected": int((status == RequestStatus.REJECTED.value).sum()),
         "duration_s": duration,
         "throughput": {
             "output_tokens_per_s": per_s(n_out),
             "total_tokens_per_s": per_s(n_tot),
-            "requests_per_s": per_s(float(len(fin))),
+            "requests_per_s": per_s(float(n_fin)),
         },
-        "ttft_s": stats(fin["ttft_s"].to_numpy()),
-        "tpot_s": stats(fin["tpot_s"].to_numpy()),
+        "ttft_s": stats(fin("ttft_s")),
+        "tpot_s": stats(fin("tpot_s")),
         "itl_s": weighted_stats(ItlSamples.of(itl)),
-        "e2e_latency_s": stats(fin["e2e_latency_s"].to_numpy()),
-        "queued_time_s": stats(requests["queued_time_s"].to_numpy()),
+        "e2e_latency_s": stats(fin("e2e_latency_s")),
+        "queued_time_s": stats(column(requests, "queued_time_s")),
         "goodput_requests_per_s": goodput,
-        "num_preemptions": int(requests["num_preemptions"].sum()),
-        "num_swaps": int(requests["num_swaps"].sum()),
+        "num_preemptions": int(column(requests, "num_preemptions").sum()),
+        "num_swaps": int(column(requests, "num_swaps").sum()),
         "kv_cache": {
             "num_gpu_blocks": int(num_gpu_blocks),
             "block_size": int(block_size),
             "peak_usage": float(usage.max()) if num_steps else 0.0,
             "mean_usage": float((usage * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0,
         },
-        "batch": {"mean_num_seqs": float(steps["num_seqs"].mean()) if num_steps else 0.0},
+        # float64 sum / count: what pandas' mean of an int column computes.
+        "batch": {"mean_num_seqs": float(num_seqs.sum(dtype=np.float64) / num_steps)
+                  if num_steps else 0.0},
         "slots": {
-            f"{k}_fraction": (float(steps[f"slots_{k}"].sum()) / slot_total
+            f"{k}_fraction": (float(column(steps, f"slots_{k}").sum()) / slot_total
                               if slot_total else 0.0)
             for k in ("useful", "idle", "empty")
         },

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from calibration.memory import KVCachePlan, check_max_model_len, plan_for
 from calibration.roofline import RooflineCostModel
 from calibration.specs import DTYPE_BYTES, GIB, get_gpu, get_model
@@ -30,6 +32,7 @@ from sim.metrics import compress_steps
 from sim.prefix_cache import mooncake_segments
 from sim.simulate import SimResult, simulate
 from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals, ContentFn
+from sim.table import write_csv
 
 VERSION = "0.1.0"
 
@@ -318,10 +321,11 @@ def write_run(out_dir: Path, prep: Prepared, result: SimResult,
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the run private
     try:
-        result.requests.to_csv(tmp / "requests.csv", index=False)
-        steps = (result.steps.assign(num_steps=1) if full_steps
-                 else compress_steps(result.steps))
-        steps.to_csv(tmp / "steps.csv", index=False)
+        write_csv(tmp / "requests.csv", result.request_table)
+        st = result.step_table
+        steps = ({**st, "num_steps": np.ones(len(st["start_time"]), dtype=np.int64)}
+                 if full_steps else compress_steps(st))
+        write_csv(tmp / "steps.csv", steps)
         (tmp / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
         if out_dir.exists():

@@ -36,10 +36,14 @@ hides queueing instead of growing a queue.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+from sim.table import Table, column
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GROWTH_FRACTION = 0.05
 """Backlog growth, as a fraction of the offered rate, above which a run is saturated."""
@@ -72,11 +76,12 @@ def _not_measured(reason: str) -> dict[str, Any]:
             "saturation": {"rule": RULE, "measured": False, "reason": reason}}
 
 
-def saturation_summary(requests: pd.DataFrame) -> dict[str, Any]:
+def saturation_summary(requests: Table | pd.DataFrame) -> dict[str, Any]:
     """The summary.json keys ``saturated``, ``latency_steady_state`` and ``saturation``
     (the rule, the fitted growth and the numbers it was compared with) of a run's request
-    rows (columns arrival_time, finish_time)."""
-    arr = requests["arrival_time"].to_numpy(dtype=np.float64)
+    rows (columns arrival_time, finish_time in seconds; a column table as in
+    sim/table.py or a DataFrame)."""
+    arr = column(requests, "arrival_time").astype(np.float64)
     if arr.size < 2:
         return _not_measured("fewer than two requests")
     t0, t1 = float(arr.min()), float(arr.max())
@@ -84,7 +89,7 @@ def saturation_summary(requests: pd.DataFrame) -> dict[str, Any]:
         return _not_measured("every request arrived at the same instant")
     if not t1 - t0 > 1e-9 * max(1.0, abs(t1)):  # no line can be fitted over it
         return _not_measured("the arrivals span no measurable time")
-    fin = requests["finish_time"].to_numpy(dtype=np.float64)
+    fin = column(requests, "finish_time").astype(np.float64)
     dep = np.sort(np.where(np.isfinite(fin), fin, arr))
     arr = np.sort(arr)
     mid = 0.5 * (t0 + t1)

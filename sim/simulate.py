@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from sim.config import SchedulerConfig
@@ -19,18 +18,40 @@ from sim.engine import Engine, ReleaseHook, Scheduler, StepExecutor, StepObserve
 from sim.metrics import ItlSamples, Recorder, summarize
 from sim.prefix_cache import PrefixCachingKV, make_kv, prefix_cache_summary
 from sim.source import ArrivalSource
+from sim.table import to_frame
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
 class SimResult:
-    """requests: one row per request (metrics.REQUEST_COLUMNS); steps: one row per step
-    (metrics.STEP_COLUMNS); itl: pooled ITL samples (s) with their counts; summary:
-    summary.json dict."""
+    """request_table: one row per request (metrics.REQUEST_COLUMNS); step_table: one row
+    per step (metrics.STEP_COLUMNS); both column tables (sim/table.py). itl: pooled ITL
+    samples (s) with their counts; summary: summary.json dict. ``requests`` and ``steps``
+    are the same tables as pandas DataFrames, made on first access (so a run that never
+    asks for them never imports pandas)."""
 
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    request_table: dict[str, np.ndarray]
+    step_table: dict[str, np.ndarray]
     itl: ItlSamples
     summary: dict[str, Any]
+    _frames: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, repr=False,
+                                             compare=False)
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """request_table as a DataFrame (built once, then the same object)."""
+        if "requests" not in self._frames:
+            self._frames["requests"] = to_frame(self.request_table)
+        return self._frames["requests"]
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """step_table as a DataFrame (built once, then the same object)."""
+        if "steps" not in self._frames:
+            self._frames["steps"] = to_frame(self.step_table)
+        return self._frames["steps"]
 
     @property
     def itl_s(self) -> np.ndarray:
@@ -70,8 +91,8 @@ def simulate(
         env.run(until=proc if math.isinf(slice_s) else env.now + slice_s)
         if progress is not None:
             progress(rec.num_requests)
-    requests = rec.requests_frame()
-    steps = rec.steps_frame()
+    requests = rec.request_columns()
+    steps = rec.step_columns()
     itl = rec.itl_samples()
     summary = summarize(requests, steps, itl, max_num_seqs=config.max_num_seqs,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
