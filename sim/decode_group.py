@@ -29,12 +29,14 @@ class DecodeGroup:
     keys each decode attends to) for the next step; ``last_end``: every member's last
     token time (the end of the last group step). The owner may run steps without the
     group (continuous batching's prefill-only steps): members then all stall together,
-    and the next group step's ITL is measured from ``last_end``; new members join only
-    when no such stall is pending (``last_end`` is the coming step's start).
+    and the next group step's ITL is measured from ``last_end``. While such a stall is
+    pending, requests join only when the owner says the group runs in the coming step
+    (``grow(..., stalled=True)``); they are counted in ``fresh``: their last token came
+    at the coming step's start, not at ``last_end``.
     """
 
     __slots__ = ("_base", "_cross", "_finish", "_joins", "_kv", "_max_len", "ctx_sum",
-                 "last_end", "members", "steps")
+                 "fresh", "last_end", "members", "steps")
 
     def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
         self._kv = kv
@@ -49,6 +51,7 @@ class DecodeGroup:
         self.steps = 0
         self.ctx_sum = 0
         self.last_end = 0.0
+        self.fresh = 0
 
     def __len__(self) -> int:
         return len(self.members)
@@ -82,11 +85,18 @@ class DecodeGroup:
         b = self._base.get(entry[2])
         return b is not None and b[3] == entry[1]
 
-    def grow(self, running: list[Request], now: float) -> None:
+    def grow(self, running: list[Request], now: float, stalled: bool = False) -> None:
         """Absorb the requests after the group's end of ``running`` that can join for a
-        step starting at ``now`` (none while a stall is pending)."""
+        step starting at ``now``. While a stall is pending, only with ``stalled`` (the
+        owner promises the group runs in the step starting at ``now``); they are then
+        counted in ``fresh``."""
         members = self.members
         if members and self.last_end != now:
+            if not stalled:
+                return
+            while len(members) < len(running) and self.can_join(running[len(members)], now):
+                self.add(running[len(members)])
+                self.fresh += 1
             return
         while len(members) < len(running) and self.can_join(running[len(members)], now):
             self.add(running[len(members)])
@@ -104,6 +114,8 @@ class DecodeGroup:
     def remove(self, req: Request) -> None:
         """Take ``req`` out (materialized); its heap entries die lazily."""
         self.materialize(req)
+        if self.fresh and req.last_token_time != self.last_end:
+            self.fresh -= 1  # it joined while a stall was pending
         del self._base[req]
         self.members.remove(req)
         self.ctx_sum -= req.num_computed_tokens + 1
@@ -117,6 +129,7 @@ class DecodeGroup:
         self._finish.clear()
         self._cross.clear()
         self.ctx_sum = 0
+        self.fresh = 0
 
     # -- what the next steps hold --
     def steps_to_first_finish(self) -> int:
@@ -212,6 +225,7 @@ class DecodeGroup:
         self.steps += num_steps
         self.ctx_sum += len(self.members) * num_steps
         self.last_end = end
+        self.fresh = 0
         heap = self._finish
         done = []
         while heap and heap[0][0] <= self.steps:
