@@ -22,6 +22,10 @@ from sim.kv_cache import KVCacheManager
 from sim.request import Request
 
 
+def _step_then_join(entry: tuple[int, int, Request]) -> tuple[int, int]:
+    return entry[0], entry[1]
+
+
 class DecodeGroup:
     """Members (a prefix of the owner's running list, in order) and their lazy state.
 
@@ -152,37 +156,32 @@ class DecodeGroup:
     def allocate_for_steps(self, num_steps: int, num_free_blocks: int) -> list[int] | None:
         """Allocate the blocks members need over the next ``num_steps`` steps; returns the
         number of new blocks per step, or None (nothing allocated) when they would not
-        fit: the caller then takes the step-by-step path, which preempts as vLLM does."""
+        fit: the caller then takes the step-by-step path, which preempts as vLLM does.
+        Blocks are handed out step by step, members in running order within a step, as
+        the step-by-step path hands them out."""
         first = self.steps + 1
-        if not self._cross or self._cross[0][0] >= first + num_steps:
+        end = first + num_steps
+        cross = self._cross
+        if not cross or cross[0][0] >= end:
             return [0] * num_steps  # nobody crosses a block boundary: the usual step
         if num_steps == 1:
             return self._allocate_next(num_free_blocks)
-        due = self._due(self.steps + num_steps)
-        per_step = [0] * num_steps
+        due = self._due(end - 1)  # in (step, join) order: running order within a step
         bs = self._kv.block_size
-        pending = list(due)
-        while pending:
-            nxt = []
-            for s, idx, r in pending:
-                per_step[s - first] += 1
-                if s + bs < first + num_steps:
-                    nxt.append((s + bs, idx, r))
-            pending = nxt
-        if sum(per_step) > num_free_blocks:
+        order = due
+        if num_steps > bs:  # some cross twice or more: list every crossing, in step order
+            order = [(t, j, r) for s, j, r in due for t in range(s, end, bs)]
+            order.sort(key=_step_then_join)
+        if len(order) > num_free_blocks:
             for e in due:
-                heappush(self._cross, e)
+                heappush(cross, e)
             return None
-        kv = self._kv
-        for s, idx, r in due:
-            g0, c0, _, _ = self._base[r]
-            last = s
-            while last + bs < first + num_steps:
-                last += bs
-            # The member's blocks must hold its tokens up to the one it computes in step
-            # ``last`` (c before that step, plus one).
-            assert kv.allocate_up_to(r, c0 + (last - 1 - g0) + 1) is not None
-            heappush(self._cross, (last + bs, idx, r))
+        per_step = [0] * num_steps
+        for e in order:
+            per_step[e[0] - first] += 1
+        self._kv.allocate_one_each([e[2] for e in order])
+        for s, j, r in due:  # the next crossing after the window
+            heappush(cross, (s + ((end - 1 - s) // bs + 1) * bs, j, r))
         return per_step
 
     def _allocate_next(self, num_free_blocks: int) -> list[int] | None:
@@ -201,9 +200,11 @@ class DecodeGroup:
 
     def safe_steps(self, limit: int, num_free_blocks: int) -> int:
         """How many of the next ``limit`` steps fit their block allocations."""
+        bs = self._kv.block_size
+        if len(self.members) * -(-limit // bs) <= num_free_blocks:
+            return limit  # even if every member crossed as often as it can, they fit
         first = self.steps + 1
         counts = [0] * limit
-        bs = self._kv.block_size
         for e in self._cross:
             if e[0] >= first + limit or not self._live(e):
                 continue
