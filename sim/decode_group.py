@@ -146,10 +146,11 @@ class DecodeGroup:
 
     def _due(self, step: int) -> list[tuple[int, int, Request]]:
         """Pop the live crossing entries due at or before ``step``, in order."""
-        heap, out = self._cross, []
+        heap, out, base = self._cross, [], self._base
         while heap and heap[0][0] <= step:
             e = heappop(heap)
-            if self._live(e):
+            b = base.get(e[2])  # _live, inlined: this loop runs for every block crossing
+            if b is not None and b[3] == e[1]:
                 out.append(e)
         return out
 
