@@ -297,7 +297,7 @@ class QueuePolicy:
         group = self.decode_group
         if group is None:
             return budget, 0
-        group.grow(self.running, now)
+        group.grow(self.running, now, stalled=True)  # the group runs in this step
         n = len(group)
         if not n:
             return budget, 0
@@ -313,13 +313,17 @@ class QueuePolicy:
         if group is None:
             return self.iteration_steady_decode()
         running = self.running
-        group.grow(running, now)
+        cfg = self.config
+        if self.swapped or (len(self.waiting) and len(running) < cfg.max_num_seqs):
+            return None  # work other than these decodes may run next
+        # Past that check the group runs in the coming step whatever the engine does with
+        # this promise (a run, or schedule(): no prefill can be admitted, nothing resumed),
+        # so requests may join it even while a stall is pending.
+        group.grow(running, now, stalled=True)
         n = len(group)
         if not n:
             return self.iteration_steady_decode()
-        cfg = self.config
-        if (n < len(running) or self.swapped or n > cfg.max_num_batched_tokens
-                or (len(self.waiting) and n < cfg.max_num_seqs)):
+        if n < len(running) or n > cfg.max_num_batched_tokens:
             return None
         return SteadyDecode(group.members, running, BatchShape(0, 0, 0, 0, n, group.ctx_sum, n),
                             n, group)

@@ -25,6 +25,7 @@ import csv
 import datetime
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,8 @@ _SERVESIM_REQUIRED = ("arrival_time", "num_prompt_tokens", "output_len")
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 _NS_PER_S = 1_000_000_000
+#: An Azure 2023 TIMESTAMP as the bulk parser takes it (anything else: row by row).
+_AZURE_TIMESTAMP = re.compile(r"\s*\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,9})?\s*")
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -131,9 +134,34 @@ def _azure_ns(text: str, where: str, dates: dict[str, int]) -> int:
     return ((day * 24 + h) * 60 + m) * 60 * _NS_PER_S + s * _NS_PER_S + frac_ns
 
 
+def _azure_bulk(rows: list[tuple[int, list[str]]], it: int, ip: int, io: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The TIMESTAMP column as int64 nanoseconds and the two token columns, parsed in
+    bulk by numpy; None when any field is not plainly valid (the row-by-row parser then
+    names the line at fault). Same values as the row-by-row parser."""
+    stamps = [row[it] for _, row in rows]
+    if not all(map(_AZURE_TIMESTAMP.fullmatch, stamps)):
+        return None
+    try:
+        ns = np.array([x.strip() for x in stamps], dtype="datetime64[ns]").astype(np.int64)
+        prompt = np.array([row[ip] for _, row in rows], dtype=np.int64)
+        out = np.array([row[io] for _, row in rows], dtype=np.int64)
+    except (ValueError, OverflowError):
+        return None
+    if prompt.min() < 1 or out.min() < 1:
+        return None
+    return ns, prompt, out
+
+
 def _load_azure(path: Path, lines: list[str]) -> Workload:
     index, rows = _rows(path, lines, _AZURE_COLUMNS)
     it, ip, io = (index[c] for c in _AZURE_COLUMNS)
+    bulk = _azure_bulk(rows, it, ip, io)
+    if bulk is not None:
+        ns_col, prompt_col, out_col = bulk
+        arrival = (ns_col - ns_col.min()).astype(np.float64) / _NS_PER_S
+        return Workload.from_arrays(arrival, prompt_col, out_col,
+                                    source=f"azure trace {path.name}")
     dates: dict[str, int] = {}
     ns, prompt, out = [], [], []
     for n, row in rows:

@@ -22,6 +22,10 @@ from sim.kv_cache import KVCacheManager
 from sim.request import Request
 
 
+def _step_then_join(entry: tuple[int, int, Request]) -> tuple[int, int]:
+    return entry[0], entry[1]
+
+
 class DecodeGroup:
     """Members (a prefix of the owner's running list, in order) and their lazy state.
 
@@ -29,12 +33,14 @@ class DecodeGroup:
     keys each decode attends to) for the next step; ``last_end``: every member's last
     token time (the end of the last group step). The owner may run steps without the
     group (continuous batching's prefill-only steps): members then all stall together,
-    and the next group step's ITL is measured from ``last_end``; new members join only
-    when no such stall is pending (``last_end`` is the coming step's start).
+    and the next group step's ITL is measured from ``last_end``. While such a stall is
+    pending, requests join only when the owner says the group runs in the coming step
+    (``grow(..., stalled=True)``); they are counted in ``fresh``: their last token came
+    at the coming step's start, not at ``last_end``.
     """
 
     __slots__ = ("_base", "_cross", "_finish", "_joins", "_kv", "_max_len", "ctx_sum",
-                 "last_end", "members", "steps")
+                 "fresh", "last_end", "members", "steps")
 
     def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
         self._kv = kv
@@ -49,6 +55,7 @@ class DecodeGroup:
         self.steps = 0
         self.ctx_sum = 0
         self.last_end = 0.0
+        self.fresh = 0
 
     def __len__(self) -> int:
         return len(self.members)
@@ -82,11 +89,18 @@ class DecodeGroup:
         b = self._base.get(entry[2])
         return b is not None and b[3] == entry[1]
 
-    def grow(self, running: list[Request], now: float) -> None:
+    def grow(self, running: list[Request], now: float, stalled: bool = False) -> None:
         """Absorb the requests after the group's end of ``running`` that can join for a
-        step starting at ``now`` (none while a stall is pending)."""
+        step starting at ``now``. While a stall is pending, only with ``stalled`` (the
+        owner promises the group runs in the step starting at ``now``); they are then
+        counted in ``fresh``."""
         members = self.members
         if members and self.last_end != now:
+            if not stalled:
+                return
+            while len(members) < len(running) and self.can_join(running[len(members)], now):
+                self.add(running[len(members)])
+                self.fresh += 1
             return
         while len(members) < len(running) and self.can_join(running[len(members)], now):
             self.add(running[len(members)])
@@ -104,6 +118,8 @@ class DecodeGroup:
     def remove(self, req: Request) -> None:
         """Take ``req`` out (materialized); its heap entries die lazily."""
         self.materialize(req)
+        if self.fresh and req.last_token_time != self.last_end:
+            self.fresh -= 1  # it joined while a stall was pending
         del self._base[req]
         self.members.remove(req)
         self.ctx_sum -= req.num_computed_tokens + 1
@@ -117,6 +133,7 @@ class DecodeGroup:
         self._finish.clear()
         self._cross.clear()
         self.ctx_sum = 0
+        self.fresh = 0
 
     # -- what the next steps hold --
     def steps_to_first_finish(self) -> int:
@@ -129,47 +146,43 @@ class DecodeGroup:
 
     def _due(self, step: int) -> list[tuple[int, int, Request]]:
         """Pop the live crossing entries due at or before ``step``, in order."""
-        heap, out = self._cross, []
+        heap, out, base = self._cross, [], self._base
         while heap and heap[0][0] <= step:
             e = heappop(heap)
-            if self._live(e):
+            b = base.get(e[2])  # _live, inlined: this loop runs for every block crossing
+            if b is not None and b[3] == e[1]:
                 out.append(e)
         return out
 
     def allocate_for_steps(self, num_steps: int, num_free_blocks: int) -> list[int] | None:
         """Allocate the blocks members need over the next ``num_steps`` steps; returns the
         number of new blocks per step, or None (nothing allocated) when they would not
-        fit: the caller then takes the step-by-step path, which preempts as vLLM does."""
+        fit: the caller then takes the step-by-step path, which preempts as vLLM does.
+        Blocks are handed out step by step, members in running order within a step, as
+        the step-by-step path hands them out."""
         first = self.steps + 1
-        if not self._cross or self._cross[0][0] >= first + num_steps:
+        end = first + num_steps
+        cross = self._cross
+        if not cross or cross[0][0] >= end:
             return [0] * num_steps  # nobody crosses a block boundary: the usual step
         if num_steps == 1:
             return self._allocate_next(num_free_blocks)
-        due = self._due(self.steps + num_steps)
-        per_step = [0] * num_steps
+        due = self._due(end - 1)  # in (step, join) order: running order within a step
         bs = self._kv.block_size
-        pending = list(due)
-        while pending:
-            nxt = []
-            for s, idx, r in pending:
-                per_step[s - first] += 1
-                if s + bs < first + num_steps:
-                    nxt.append((s + bs, idx, r))
-            pending = nxt
-        if sum(per_step) > num_free_blocks:
+        order = due
+        if num_steps > bs:  # some cross twice or more: list every crossing, in step order
+            order = [(t, j, r) for s, j, r in due for t in range(s, end, bs)]
+            order.sort(key=_step_then_join)
+        if len(order) > num_free_blocks:
             for e in due:
-                heappush(self._cross, e)
+                heappush(cross, e)
             return None
-        kv = self._kv
-        for s, idx, r in due:
-            g0, c0, _, _ = self._base[r]
-            last = s
-            while last + bs < first + num_steps:
-                last += bs
-            # The member's blocks must hold its tokens up to the one it computes in step
-            # ``last`` (c before that step, plus one).
-            assert kv.allocate_up_to(r, c0 + (last - 1 - g0) + 1) is not None
-            heappush(self._cross, (last + bs, idx, r))
+        per_step = [0] * num_steps
+        for e in order:
+            per_step[e[0] - first] += 1
+        self._kv.allocate_one_each([e[2] for e in order])
+        for s, j, r in due:  # the next crossing after the window
+            heappush(cross, (s + ((end - 1 - s) // bs + 1) * bs, j, r))
         return per_step
 
     def _allocate_next(self, num_free_blocks: int) -> list[int] | None:
@@ -188,9 +201,11 @@ class DecodeGroup:
 
     def safe_steps(self, limit: int, num_free_blocks: int) -> int:
         """How many of the next ``limit`` steps fit their block allocations."""
+        bs = self._kv.block_size
+        if len(self.members) * -(-limit // bs) <= num_free_blocks:
+            return limit  # even if every member crossed as often as it can, they fit
         first = self.steps + 1
         counts = [0] * limit
-        bs = self._kv.block_size
         for e in self._cross:
             if e[0] >= first + limit or not self._live(e):
                 continue
@@ -212,6 +227,7 @@ class DecodeGroup:
         self.steps += num_steps
         self.ctx_sum += len(self.members) * num_steps
         self.last_end = end
+        self.fresh = 0
         heap = self._finish
         done = []
         while heap and heap[0][0] <= self.steps:

@@ -279,10 +279,16 @@ class Engine:
         samples of this step; returns the members that sampled their last token."""
         n = len(group)
         self._num_sampled += n
-        # Every member's previous token came at group.last_end: the end of the previous
+        rec = self.recorder
+        fresh = group.fresh  # joined during a stall: previous token at this step's start
+        if fresh:
+            rec.itl_step_s.append(end - start)
+            rec.itl_step_count.append(fresh)
+        # The others' previous token came at group.last_end: the end of the previous
         # step, or earlier when the policy ran steps without the group (a shared stall).
-        self.recorder.itl_step_s.append(end - group.last_end)
-        self.recorder.itl_step_count.append(n)
+        if n > fresh:
+            rec.itl_step_s.append(end - group.last_end)
+            rec.itl_step_count.append(n - fresh)
         done = group.advance(1, end)
         for req in done:
             _finish(req)
@@ -330,7 +336,14 @@ class Engine:
             new_blocks = group.allocate_for_steps(k, kv.num_free_blocks)  # type: ignore[assignment]
             assert new_blocks is not None, "fast path: blocks checked by safe_steps"
             n = len(group)
-            if group.last_end != start:  # a shared stall before the run (see DecodeGroup)
+            fresh = group.fresh
+            if fresh:  # a shared stall before the run, and members that joined during it
+                rec.itl_step_s.append(times[1] - start)
+                rec.itl_step_count.append(fresh)
+                if n > fresh:
+                    rec.itl_step_s.append(times[1] - group.last_end)
+                    rec.itl_step_count.append(n - fresh)
+            elif group.last_end != start:  # a shared stall before the run (see DecodeGroup)
                 rec.itl.extend([times[1] - group.last_end] * n)
             else:
                 regular0 = n
