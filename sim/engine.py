@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Generator
+from itertools import accumulate
+from operator import sub
 from typing import Any, Protocol
 
 import simpy
@@ -367,11 +369,8 @@ class Engine:
         advance = getattr(self.policy, "advance", None)
         if advance is not None:
             advance(k)
-        blocks = kv.num_used_blocks - sum(new_blocks[:k])
-        used = []
-        for j in range(k):
-            blocks += new_blocks[j]
-            used.append(blocks)
+        used = list(accumulate(new_blocks[:k], initial=kv.num_used_blocks - sum(new_blocks[:k])))
+        del used[0]  # blocks held in each step of the run
         held = len(run.holders)
         rec.record_decode_run(times, dts, n, used, self.policy.num_waiting, held - n,
                               self.config.max_num_seqs - held)
@@ -379,7 +378,7 @@ class Engine:
             rec.itl_step_s.append(times[1] - start)
             rec.itl_step_count.append(regular0)
         if k > 1:
-            rec.itl_step_s.extend([times[j + 1] - times[j] for j in range(1, k)])
+            rec.itl_step_s.extend(map(sub, times[2:k + 1], times[1:k]))
             rec.itl_step_count.extend(array("q", [n]) * (k - 1))
         if finished:  # released after the last step's row, as the step-by-step path does
             for req in finished:

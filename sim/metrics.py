@@ -126,11 +126,15 @@ class Recorder:
         s["start_time"].extend(times[:k])
         s["duration_s"].extend(dts)
         s["kv_blocks_used"].extend(kv_blocks_used)
-        for name, v in (("num_seqs", num_seqs), ("num_prefill_tokens", 0),
-                        ("num_decode_tokens", num_seqs), ("num_waiting", num_waiting),
-                        ("slots_useful", num_seqs), ("slots_idle", slots_idle),
-                        ("slots_empty", slots_empty), ("num_preempted", 0)):
-            s[name].extend(array("q", (v,)) * k)
+        seqs, zeros = array("q", (num_seqs,)) * k, array("q", (0,)) * k
+        s["num_seqs"].extend(seqs)
+        s["num_prefill_tokens"].extend(zeros)
+        s["num_decode_tokens"].extend(seqs)
+        s["num_waiting"].extend(array("q", (num_waiting,)) * k)
+        s["slots_useful"].extend(seqs)
+        s["slots_idle"].extend(array("q", (slots_idle,)) * k)
+        s["slots_empty"].extend(array("q", (slots_empty,)) * k)
+        s["num_preempted"].extend(zeros)
 
     @property
     def num_requests(self) -> int:
