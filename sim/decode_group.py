@@ -95,6 +95,8 @@ class DecodeGroup:
         owner promises the group runs in the step starting at ``now``); they are then
         counted in ``fresh``."""
         members = self.members
+        if len(members) == len(running):
+            return  # every running request is a member already (the usual case)
         if members and self.last_end != now:
             if not stalled:
                 return
