@@ -5,10 +5,13 @@ A policy that opts in keeps its longest run of steadily decoding requests at the
 its running list in a DecodeGroup. Each group step every member computes one token and
 samples one, so a member's progress is ``steps - joined`` tokens past the state it joined
 with; its Request fields are brought up to date (``materialize``) only when someone needs
-them: when it leaves the group (finishes, is preempted) or the group is dissolved. Two
-heaps say when a member needs attention: the step in which it samples its last token,
-and the next step in which it needs a new KV block. Per step the work is O(1) plus the
-members that finish or cross a block boundary, instead of O(members).
+them: when it leaves the group (finishes, is preempted) or the group is dissolved. A
+heap says when a member samples its last token. Block crossings are periodic: once a
+member has needed its first new block, it needs one every ``block_size`` steps, so it
+sits in one of ``block_size`` buckets (its crossing step modulo ``block_size``), kept in
+running order; a heap holds the first crossing of members that have not crossed yet.
+Per step the work is O(1) plus the members that finish or cross a block boundary,
+instead of O(members).
 
 The engine's step-by-step reference (``fast_path=False``) never builds a group;
 tests/test_fastpath.py checks both give the same records.
@@ -16,14 +19,12 @@ tests/test_fastpath.py checks both give the same records.
 
 from __future__ import annotations
 
+from bisect import insort
 from heapq import heappop, heappush
+from itertools import chain
 
 from sim.kv_cache import KVCacheManager
 from sim.request import Request
-
-
-def _step_then_join(entry: tuple[int, int, Request]) -> tuple[int, int]:
-    return entry[0], entry[1]
 
 
 class DecodeGroup:
@@ -39,8 +40,8 @@ class DecodeGroup:
     at the coming step's start, not at ``last_end``.
     """
 
-    __slots__ = ("_base", "_cross", "_finish", "_joins", "_kv", "_max_len", "ctx_sum",
-                 "fresh", "last_end", "members", "steps")
+    __slots__ = ("_base", "_buckets", "_cross", "_finish", "_joins", "_kv", "_max_len",
+                 "_phase", "ctx_sum", "fresh", "last_end", "members", "steps")
 
     def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
         self._kv = kv
@@ -50,7 +51,12 @@ class DecodeGroup:
         # (a request that left and joined again must not match its old entries).
         self._base: dict[Request, tuple[int, int, int, int]] = {}
         self._finish: list[tuple[int, int, Request]] = []  # (step of its last token, join, r)
-        self._cross: list[tuple[int, int, Request]] = []  # (step needing a new block, join, r)
+        # (step of its first new block, join, r), for members that have not crossed yet
+        self._cross: list[tuple[int, int, Request]] = []
+        # Members that crossed once: bucket t % block_size holds, in join (= running)
+        # order, those needing a new block in every step t of that phase.
+        self._buckets: list[list[Request]] = [[] for _ in range(kv.block_size)]
+        self._phase: dict[Request, int] = {}  # r -> its bucket
         self._joins = 0
         self.steps = 0
         self.ctx_sum = 0
@@ -122,6 +128,9 @@ class DecodeGroup:
         self.materialize(req)
         if self.fresh and req.last_token_time != self.last_end:
             self.fresh -= 1  # it joined while a stall was pending
+        phase = self._phase.pop(req, None)
+        if phase is not None:
+            self._buckets[phase].remove(req)
         del self._base[req]
         self.members.remove(req)
         self.ctx_sum -= req.num_computed_tokens + 1
@@ -134,6 +143,9 @@ class DecodeGroup:
         self._base.clear()
         self._finish.clear()
         self._cross.clear()
+        for bucket in self._buckets:
+            bucket.clear()
+        self._phase.clear()
         self.ctx_sum = 0
         self.fresh = 0
 
@@ -164,59 +176,81 @@ class DecodeGroup:
         the step-by-step path hands them out."""
         first = self.steps + 1
         end = first + num_steps
-        cross = self._cross
-        if not cross or cross[0][0] >= end:
-            return [0] * num_steps  # nobody crosses a block boundary: the usual step
-        if num_steps == 1:
-            return self._allocate_next(num_free_blocks)
-        due = self._due(end - 1)  # in (step, join) order: running order within a step
         bs = self._kv.block_size
-        order = due
-        if num_steps > bs:  # some cross twice or more: list every crossing, in step order
-            order = [(t, j, r) for s, j, r in due for t in range(s, end, bs)]
-            order.sort(key=_step_then_join)
-        if len(order) > num_free_blocks:
+        buckets = self._buckets
+        due = self._due(end - 1)  # first crossings in the window, in (step, join) order
+        if num_steps > bs:
+            return self._allocate_long(first, end, due, num_free_blocks)
+        # Each member crosses at most once in the window: the first crossers can take
+        # their bucket places at once.
+        base, phase_of = self._base, self._phase
+        for s, _, r in due:
+            phase_of[r] = s % bs
+            insort(buckets[s % bs], r, key=lambda m: base[m][3])
+        i = first % bs
+        window = (buckets[i:] + buckets[:i])[:num_steps]
+        per_step = list(map(len, window))
+        total = sum(per_step)
+        if total > num_free_blocks:
             for e in due:
-                heappush(cross, e)
+                buckets[e[0] % bs].remove(e[2])
+                del phase_of[e[2]]
+                heappush(self._cross, e)
             return None
-        per_step = [0] * num_steps
-        for e in order:
-            per_step[e[0] - first] += 1
-        self._kv.allocate_one_each([e[2] for e in order])
-        for s, j, r in due:  # the next crossing after the window
-            heappush(cross, (s + ((end - 1 - s) // bs + 1) * bs, j, r))
+        if total:
+            self._kv.allocate_one_each(list(chain.from_iterable(window)))
         return per_step
 
-    def _allocate_next(self, num_free_blocks: int) -> list[int] | None:
-        """allocate_for_steps(1, ...): one new block for each member crossing now."""
-        step = self.steps + 1
-        due = self._due(step)
-        if len(due) > num_free_blocks:
+    def _allocate_long(self, first: int, end: int, due: list[tuple[int, int, Request]],
+                       num_free_blocks: int) -> list[int] | None:
+        """allocate_for_steps over a window longer than a block (members cross more than
+        once): step by step, first crossers joining their bucket as they cross."""
+        bs = self._kv.block_size
+        buckets, base, phase_of = self._buckets, self._base, self._phase
+        total = sum(len(buckets[t % bs]) for t in range(first, end))
+        for s, _, _ in due:
+            total += (end - 1 - s) // bs + 1
+        if total > num_free_blocks:
             for e in due:
                 heappush(self._cross, e)
             return None
+        per_step = [0] * (end - first)
+        order: list[Request] = []
+        di, nd = 0, len(due)
+        for t in range(first, end):
+            bucket = buckets[t % bs]
+            while di < nd and due[di][0] == t:  # first crossing: joins its bucket
+                r = due[di][2]
+                insort(bucket, r, key=lambda m: base[m][3])
+                phase_of[r] = t % bs
+                di += 1
+            per_step[t - first] = len(bucket)
+            order.extend(bucket)
+        if order:
+            self._kv.allocate_one_each(order)
+        return per_step
+
+    def crossings(self, limit: int) -> list[int]:
+        """New blocks the members need in each of the next ``limit`` steps."""
+        first = self.steps + 1
+        end = first + limit
         bs = self._kv.block_size
-        for s, j, r in due:  # each holds c0 + (s - g0) - 1 tokens' blocks: one more
-            heappush(self._cross, (s + bs, j, r))
-        self._kv.allocate_one_each([e[2] for e in due])
-        return [len(due)]
+        buckets = self._buckets
+        counts = [len(buckets[t % bs]) for t in range(first, end)]
+        for e in self._cross:
+            if e[0] >= end or not self._live(e):
+                continue
+            for t in range(e[0], end, bs):
+                counts[t - first] += 1
+        return counts
 
     def safe_steps(self, limit: int, num_free_blocks: int) -> int:
         """How many of the next ``limit`` steps fit their block allocations."""
         bs = self._kv.block_size
         if len(self.members) * -(-limit // bs) <= num_free_blocks:
             return limit  # even if every member crossed as often as it can, they fit
-        first = self.steps + 1
-        counts = [0] * limit
-        for e in self._cross:
-            if e[0] >= first + limit or not self._live(e):
-                continue
-            s = e[0]
-            while s < first + limit:
-                counts[s - first] += 1
-                s += bs
         used = 0
-        for j, k in enumerate(counts):
+        for j, k in enumerate(self.crossings(limit)):
             used += k
             if used > num_free_blocks:
                 return j
