@@ -40,7 +40,11 @@ REQUEST_COLUMNS = (
     "num_output_tokens", "num_preemptions", "status", "finish_reason", "reason", "num_swaps",
 )
 PERCENTILES = (50, 90, 95, 99)
-_FLOAT_STEP_COLUMNS = ("start_time", "duration_s")
+#: The step columns that stay constant over a decode run, as record_step stores them.
+_CONST_STEP_COLUMNS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
+                       "slots_useful", "slots_idle", "slots_empty", "num_preempted")
+#: Constant-column tuples held before they are packed into an array (bounds memory).
+_PACK_ROWS = 1 << 16
 #: What record_request stores per request, in this order.
 _RAW_REQUEST_COLUMNS = (
     "request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
@@ -55,8 +59,9 @@ _OBJECT_REQUEST_COLUMNS = ("request_id", "status", "finish_reason", "reason")
 class Recorder:
     """Append-only columns of request rows, step rows and ITL samples (seconds).
 
-    Step rows are stored in typed arrays (8 bytes a field), so a long run does not hold a
-    Python object per step or per token. ``request_columns`` and ``step_columns`` return
+    Step rows are stored in typed arrays (8 bytes a field), the columns that stay
+    constant over a decode run once per run, so a long run does not hold a Python object
+    per step or per token. ``request_columns`` and ``step_columns`` return
     them as column tables (sim/table.py).
     """
 
@@ -69,14 +74,20 @@ class Recorder:
         self.itl = array("d")
         self.itl_step_s = array("d")
         self.itl_step_count = array("q")
-        self._steps: dict[str, array[Any]] = {
-            c: array("d" if c in _FLOAT_STEP_COLUMNS else "q") for c in STEP_COLUMNS}
-        # record_step runs once per engine step: each column's bound append, looked up once.
-        (self._start_append, self._duration_append, self._seqs_append,
-         self._prefill_append, self._decode_append, self._blocks_append,
-         self._waiting_append, self._useful_append, self._idle_append,
-         self._empty_append, self._preempted_append) = (
-            self._steps[c].append for c in STEP_COLUMNS)
+        # Step rows. start_time, duration_s and kv_blocks_used change from step to step:
+        # typed arrays (8 bytes a field). The other columns are constant over a decode
+        # run: one tuple of them per record call with the number of steps it covers,
+        # packed into int64 arrays every _PACK_ROWS calls.
+        self._start = array("d")
+        self._duration = array("d")
+        self._blocks = array("q")
+        self._start_append, self._duration_append = self._start.append, self._duration.append
+        self._blocks_append = self._blocks.append
+        self._rows: list[tuple[int, ...]] = []
+        self._rows_append = self._rows.append
+        self._row_steps = array("q")
+        self._row_steps_append = self._row_steps.append
+        self._packed: list[np.ndarray] = []
 
     def record_request(self, req: Request) -> None:
         """Store the final state of a finished or rejected request."""
@@ -96,15 +107,18 @@ class Recorder:
         """Store one engine step (STEP_COLUMNS, in that order; times in seconds)."""
         self._start_append(start)
         self._duration_append(duration)
-        self._seqs_append(num_seqs)
-        self._prefill_append(num_prefill_tokens)
-        self._decode_append(num_decode_tokens)
         self._blocks_append(kv_blocks_used)
-        self._waiting_append(num_waiting)
-        self._useful_append(slots_useful)
-        self._idle_append(slots_idle)
-        self._empty_append(slots_empty)
-        self._preempted_append(num_preempted)
+        self._rows_append((num_seqs, num_prefill_tokens, num_decode_tokens, num_waiting,
+                           slots_useful, slots_idle, slots_empty, num_preempted))
+        self._row_steps_append(1)
+        if len(self._rows) >= _PACK_ROWS:
+            self._pack()
+
+    def _pack(self) -> None:
+        """Move the pending constant-column tuples into an int64 array."""
+        if self._rows:
+            self._packed.append(np.array(self._rows, dtype=np.int64))
+            self._rows.clear()
 
     def itl_samples(self) -> ItlSamples:
         """Every ITL sample so far, as (values_s, counts)."""
@@ -123,19 +137,14 @@ class Recorder:
         """Rows for a run of decode-only steps (the fast path): step j starts at times[j],
         lasts dts[j] and holds kv_blocks_used[j] blocks; the rest is constant."""
         k = len(dts)
-        s = self._steps
-        s["start_time"].extend(times[:k])
-        s["duration_s"].extend(dts)
-        s["kv_blocks_used"].extend(kv_blocks_used)
-        seqs, zeros = array("q", (num_seqs,)) * k, array("q", (0,)) * k
-        s["num_seqs"].extend(seqs)
-        s["num_prefill_tokens"].extend(zeros)
-        s["num_decode_tokens"].extend(seqs)
-        s["num_waiting"].extend(array("q", (num_waiting,)) * k)
-        s["slots_useful"].extend(seqs)
-        s["slots_idle"].extend(array("q", (slots_idle,)) * k)
-        s["slots_empty"].extend(array("q", (slots_empty,)) * k)
-        s["num_preempted"].extend(zeros)
+        self._start.extend(times[:k])
+        self._duration.extend(dts)
+        self._blocks.extend(kv_blocks_used)
+        self._rows_append((num_seqs, 0, num_seqs, num_waiting, num_seqs, slots_idle,
+                           slots_empty, 0))
+        self._row_steps_append(k)
+        if len(self._rows) >= _PACK_ROWS:
+            self._pack()
 
     @property
     def num_requests(self) -> int:
@@ -145,7 +154,7 @@ class Recorder:
     @property
     def num_steps(self) -> int:
         """Steps recorded so far."""
-        return len(self._steps["start_time"])
+        return len(self._start)
 
     def request_columns(self) -> dict[str, np.ndarray]:
         """One row per request, in workload order, with the derived latency columns: a
@@ -181,8 +190,16 @@ class Recorder:
     def step_columns(self) -> dict[str, np.ndarray]:
         """One row per engine step: a column table of STEP_COLUMNS (start_time and
         duration_s float64 seconds, the rest int64 counts)."""
-        return {c: np.array(a, dtype=np.float64 if a.typecode == "d" else np.int64)
-                for c, a in self._steps.items()}
+        self._pack()
+        rows = (np.concatenate(self._packed) if self._packed
+                else np.zeros((0, len(_CONST_STEP_COLUMNS)), dtype=np.int64))
+        steps = np.repeat(rows, np.frombuffer(self._row_steps, dtype=np.int64)
+                          if len(self._row_steps) else np.zeros(0, dtype=np.int64), axis=0)
+        out = {"start_time": np.array(self._start, dtype=np.float64),
+               "duration_s": np.array(self._duration, dtype=np.float64),
+               "kv_blocks_used": np.array(self._blocks, dtype=np.int64)}
+        out.update({c: steps[:, i].copy() for i, c in enumerate(_CONST_STEP_COLUMNS)})
+        return {c: out[c] for c in STEP_COLUMNS}
 
     def requests_frame(self) -> pd.DataFrame:
         """``request_columns`` as a pandas DataFrame (imports pandas)."""
