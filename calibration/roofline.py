@@ -155,16 +155,25 @@ class RooflineCostModel:
         }
 
     def decode_run_times(self, num_decode_seqs: int, num_sampled_seqs: int,
-                         decode_context_tokens: int, growth: int, num_steps: int) -> list[float]:
+                         decode_context_tokens: int, growth: int, num_steps: int,
+                         start: float = 0.0, until: float = math.inf) -> list[float]:
         """step_time of ``num_steps`` decode-only shapes whose decode_context_tokens start
         at ``decode_context_tokens`` and grow by ``growth`` a step: the same arithmetic in
         the same order (bit-identical results), without building a BatchShape per step.
-        The engine's fast path uses it for runs of steady decode steps."""
+        With ``until``, stops before the first step after the first that would start at
+        or after ``until`` when the first starts at ``start`` (the steps run back to
+        back). The engine's fast path uses it for runs of steady decode steps."""
         tokens = num_decode_seqs
         if tokens == 0 or self._num_experts > 1:
-            shape = BatchShape
-            return [self.step_time(shape(0, 0, 0, 0, tokens, decode_context_tokens + j * growth,
-                                         num_sampled_seqs)) for j in range(num_steps)]
+            prices: list[float] = []
+            t = start
+            for j in range(num_steps):
+                if j and t >= until:
+                    break
+                prices.append(self.step_time(BatchShape(
+                    0, 0, 0, 0, tokens, decode_context_tokens + j * growth, num_sampled_seqs)))
+                t = t + prices[-1]
+            return prices
         sampled = num_sampled_seqs
         base_flops = self._body_flops_per_token * tokens + self._head_flops_per_row * sampled
         weight_bytes = self._fixed_weight_bytes + (self._head_bytes if sampled else 0.0)
@@ -176,10 +185,15 @@ class RooflineCostModel:
         overhead = self.step_overhead_s
         out = []
         ctx = decode_context_tokens
-        for _ in range(num_steps):
+        t = start
+        for j in range(num_steps):
+            if j and t >= until:
+                break
             compute_s = (base_flops + attn * ctx) * spf
             memory_s = (weight_bytes + kvb * (ctx + tokens) + act) * spb
-            out.append((compute_s if compute_s > memory_s else memory_s) + tail + overhead)
+            price = (compute_s if compute_s > memory_s else memory_s) + tail + overhead
+            out.append(price)
+            t = t + price
             ctx += growth
         return out
 

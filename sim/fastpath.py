@@ -66,13 +66,8 @@ def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps
     d, s, ctx = shape.num_decode_seqs, shape.num_sampled_seqs, shape.decode_context_tokens
     growth = run.context_growth
     batch = getattr(cost_model, "decode_run_times", None)
-    if batch is not None:
-        first = batch(d, s, ctx, growth, 1)[0]
-        if first > 0 and limit < math.inf:
-            # Steps only get longer as the context grows, so no more than this many
-            # start before the arrival: price no more than needed.
-            num_steps = min(num_steps, int((limit - start) / first) + 2)
-        prices = batch(d, s, ctx, growth, num_steps)
+    if batch is not None:  # priced only up to the step that would see the arrival
+        prices = batch(d, s, ctx, growth, num_steps, start, limit)
     else:
         prices = [cost_model.step_time(BatchShape(0, 0, 0, 0, d, ctx + j * growth, s))
                   for j in range(num_steps)]

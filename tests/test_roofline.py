@@ -194,3 +194,10 @@ def test_decode_run_times_equal_step_time_bit_for_bit() -> None:
             want = [rl.step_time(BatchShape(0, 0, 0, 0, n, ctx + j * growth, n))
                     for j in range(50)]
             assert got == want
+            # With a deadline: the steps whose start (back to back from 100.0) comes
+            # before it, and always the first; the 11th step starts exactly at it.
+            until = 100.0
+            for price in want[:10]:
+                until = until + price
+            assert rl.decode_run_times(n, n, ctx, growth, 50, 100.0, until) == want[:10]
+            assert rl.decode_run_times(n, n, ctx, growth, 50, 100.0, 99.0) == want[:1]
