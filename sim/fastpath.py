@@ -14,7 +14,7 @@ compares both paths on random workloads.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from sim.batch import BatchShape, SteadyDecode
 from sim.cost_model import CostModel
@@ -66,11 +66,12 @@ def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps
     d, s, ctx = shape.num_decode_seqs, shape.num_sampled_seqs, shape.decode_context_tokens
     growth = run.context_growth
     batch = getattr(cost_model, "decode_run_times", None)
+    prices: Iterable[float]
     if batch is not None:  # priced only up to the step that would see the arrival
         prices = batch(d, s, ctx, growth, num_steps, start, limit)
-    else:
-        prices = [cost_model.step_time(BatchShape(0, 0, 0, 0, d, ctx + j * growth, s))
-                  for j in range(num_steps)]
+    else:  # priced one by one as the loop below takes them
+        prices = (cost_model.step_time(BatchShape(0, 0, 0, 0, d, ctx + j * growth, s))
+                  for j in range(num_steps))
     times = [start]
     dts: list[float] = []
     t = start
