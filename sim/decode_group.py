@@ -188,9 +188,14 @@ class DecodeGroup:
             phase_of[r] = s % bs
             insort(buckets[s % bs], r, key=lambda m: base[m][3])
         i = first % bs
-        window = (buckets[i:] + buckets[:i])[:num_steps]
-        per_step = list(map(len, window))
-        total = sum(per_step)
+        if num_steps == 1:  # the step-by-step path's call, once per scheduled step
+            window = [buckets[i]]
+            total = len(buckets[i])
+            per_step = [total]
+        else:
+            window = (buckets[i:] + buckets[:i])[:num_steps]
+            per_step = list(map(len, window))
+            total = sum(per_step)
         if total > num_free_blocks:
             for e in due:
                 buckets[e[0] % bs].remove(e[2])
@@ -198,7 +203,8 @@ class DecodeGroup:
                 heappush(self._cross, e)
             return None
         if total:
-            self._kv.allocate_one_each(list(chain.from_iterable(window)))
+            self._kv.allocate_one_each(
+                window[0] if num_steps == 1 else list(chain.from_iterable(window)))
         return per_step
 
     def _allocate_long(self, first: int, end: int, due: list[tuple[int, int, Request]],
