@@ -246,6 +246,14 @@ class QueuePolicy:
             budget -= n
         return budget
 
+    def waiting_blocked(self, budget: int) -> bool:
+        """Whether the head of waiting cannot be admitted in the coming step (``budget``
+        tokens left after the running requests' decodes) and stays so while nothing
+        frees blocks: decode steps only take blocks, so then every step until a finish
+        or an arrival is decodes only (a steady decode). Policies whose admission rule
+        is monotone in the free blocks override it; False (not known) by default."""
+        return False
+
     def iteration_steady_decode(self) -> SteadyDecode | None:
         """The steady-decode promise of an iteration-level policy (chunked, continuous):
         nothing swapped, every running request one token from sampling, the token budget
@@ -314,7 +322,9 @@ class QueuePolicy:
             return self.iteration_steady_decode()
         running = self.running
         cfg = self.config
-        if self.swapped or (len(self.waiting) and len(running) < cfg.max_num_seqs):
+        if self.swapped or (len(self.waiting) and len(running) < cfg.max_num_seqs
+                            and not self.waiting_blocked(
+                                cfg.max_num_batched_tokens - len(running))):
             return None  # work other than these decodes may run next
         # Past that check the group runs in the coming step whatever the engine does with
         # this promise (a run, or schedule(): no prefill can be admitted, nothing resumed),

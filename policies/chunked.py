@@ -101,6 +101,31 @@ class ChunkedPolicy(QueuePolicy):
             i += 1
         return budget
 
+    def waiting_blocked(self, budget: int) -> bool:
+        """_schedule_waiting's first admission test, without its side effects: True when
+        it would stop at the head of waiting (a block shortage, or no budget). Neither
+        outcome can change while the free blocks only shrink; an lpm order can (its
+        head follows the cache), and a head that needs a lookup is not judged here."""
+        cfg, kv = self.config, self.kv
+        if self.lpm or not len(self.waiting):
+            return False
+        if budget <= 0:
+            return True
+        req = self.waiting.peek()
+        if self.prefix_cache is not None:
+            return cfg.scheduler_reserve_full_isl and not self.prefix_cache.may_fit(
+                req, req.num_prompt_tokens + req.num_output_tokens)
+        if cfg.scheduler_reserve_full_isl and not kv.can_fit(req, req.num_tokens):
+            return True
+        n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+        threshold = cfg.long_prefill_token_threshold
+        if threshold and len(self.running) + len(self.waiting) > 1 and n > threshold:
+            n = threshold
+        n = min(n, budget)
+        if req.num_computed_tokens + n <= len(req.block_ids) * kv.block_size:
+            return False
+        return self.blocks_needed(req, n) > kv.num_free_blocks
+
     def _schedule_waiting(
         self, scheduled: dict[Request, int], budget: int, threshold: int
     ) -> None:

@@ -79,6 +79,20 @@ class ContinuousPolicy(QueuePolicy):
             self.resume_swapped(scheduled, budget, self.watermark_blocks)
         return self.make_plan(scheduled, preempted, self.decode_group if start else None)
 
+    def waiting_blocked(self, budget: int) -> bool:
+        """_schedule_prefills' first admission test, without its side effects: True when
+        the head of waiting does not fit the free blocks less the watermark, which only
+        shrink while the running requests decode. An lpm order's head follows the cache,
+        so it is not judged here."""
+        if self.lpm or not len(self.waiting):
+            return False
+        req = self.waiting.peek()
+        reserve = self.watermark_blocks if self.running else 0
+        if self.prefix_cache is not None:
+            return not self.prefix_cache.may_fit(
+                req, req.num_prompt_tokens + req.num_output_tokens, reserve)
+        return self.blocks_needed(req, req.num_new_tokens) + reserve > self.kv.num_free_blocks
+
     def _schedule_prefills(self, scheduled: dict[Request, int]) -> None:
         budget = self.config.max_num_batched_tokens
         waiting, kv = self.waiting, self.kv
