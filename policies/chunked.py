@@ -115,8 +115,11 @@ class ChunkedPolicy(QueuePolicy):
         if self.prefix_cache is not None:
             return cfg.scheduler_reserve_full_isl and not self.prefix_cache.may_fit(
                 req, req.num_prompt_tokens + req.num_output_tokens)
-        if cfg.scheduler_reserve_full_isl and not kv.can_fit(req, req.num_tokens):
+        fits_all = kv.can_fit(req, req.num_tokens)
+        if cfg.scheduler_reserve_full_isl and not fits_all:
             return True
+        if fits_all and cfg.kv_allocation == "paged":
+            return False  # its next chunk fits as well
         n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
         threshold = cfg.long_prefill_token_threshold
         if threshold and len(self.running) + len(self.waiting) > 1 and n > threshold:
