@@ -80,10 +80,14 @@ class BatchPlan:
         return len(self.holders) if self.holders is not None else len(self.scheduled)
 
 
-def shape_of(scheduled: list[tuple[Request, int]]) -> BatchShape:
+def shape_of(scheduled: list[tuple[Request, int]], num_group_decodes: int = 0,
+             group_context_tokens: int = 0) -> BatchShape:
     """Derive the BatchShape of a list of (request, num_new_tokens) entries, read before
-    the engine applies them (so num_computed_tokens is the prior context)."""
-    p_tok = p_seqs = p_ctx = p_pairs = d_seqs = d_ctx = sampled = 0
+    the engine applies them (so num_computed_tokens is the prior context), plus
+    ``num_group_decodes`` decodes over ``group_context_tokens`` keys in all (a decode
+    group's members, each sampling a token)."""
+    p_tok = p_seqs = p_ctx = p_pairs = sampled = 0
+    d_seqs, d_ctx = 0, 0
     for req, n in scheduled:
         c = req.num_computed_tokens
         if n == 1 and req.num_output_tokens > 0:
@@ -97,6 +101,9 @@ def shape_of(scheduled: list[tuple[Request, int]]) -> BatchShape:
             p_pairs += n * c + n * (n + 1) // 2
             if c + n >= req.num_prompt_tokens + req.num_output_tokens:
                 sampled += 1
+    if num_group_decodes:
+        return BatchShape(p_tok, p_seqs, p_ctx, p_pairs, d_seqs + num_group_decodes,
+                          d_ctx + group_context_tokens, sampled + num_group_decodes)
     return BatchShape(p_tok, p_seqs, p_ctx, p_pairs, d_seqs, d_ctx, sampled)
 
 

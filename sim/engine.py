@@ -162,7 +162,7 @@ class Engine:
     # -- the SimPy process --
     def process(self) -> Generator[simpy.Event, Any, None]:
         env, policy, arrivals, rec = self.env, self.policy, self.arrivals, self.recorder
-        on_release = self.on_release
+        on_release, executor, step_time = self.on_release, self.executor, self.cost_model.step_time
         max_seqs = self.config.max_num_seqs
         idle_schedules = stall_steps = 0
         unrecorded_preemptions = 0  # from plans that ran nothing; counted with the next step
@@ -205,19 +205,13 @@ class Engine:
             if plan.preempted:
                 last_preempted = plan.preempted[-1]
             sampled_before = self._num_sampled
-            shape = shape_of(plan.scheduled)
             n_group = len(group) if group is not None else 0
-            if n_group:
-                shape = BatchShape(
-                    shape.num_prefill_tokens, shape.num_prefill_seqs,
-                    shape.prefill_context_tokens, shape.prefill_attention_pairs,
-                    shape.num_decode_seqs + n_group,
-                    shape.decode_context_tokens + group.ctx_sum,  # type: ignore[union-attr]
-                    shape.num_sampled_seqs + n_group)
-            if self.executor is None:
-                dt = self.cost_model.step_time(plan.cost_shape or shape) + plan.extra_time_s
+            shape = (shape_of(plan.scheduled, n_group, group.ctx_sum)  # type: ignore[union-attr]
+                     if n_group else shape_of(plan.scheduled))
+            if executor is None:
+                dt = step_time(plan.cost_shape or shape) + plan.extra_time_s
             else:
-                dt = self.executor(plan, plan.cost_shape or shape) + plan.extra_time_s
+                dt = executor(plan, plan.cost_shape or shape) + plan.extra_time_s
             yield env.timeout(dt)
             end = env.now
             done = self._apply(plan, now, end)
