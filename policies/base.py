@@ -321,6 +321,8 @@ class QueuePolicy:
         if group is None:
             return self.iteration_steady_decode()
         running = self.running
+        if group.members and running[-1] not in group and not group.can_join(running[-1], now):
+            return None  # the group cannot grow over the tail (a prefill, say): not steady
         cfg = self.config
         if self.swapped or (len(self.waiting) and len(running) < cfg.max_num_seqs
                             and not self.waiting_blocked(
