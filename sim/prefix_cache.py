@@ -86,13 +86,14 @@ def mooncake_segments(hash_ids: Sequence[int], num_prompt_tokens: int, request_i
     last cut to the prompt's end; ids beyond the prompt are ignored, and tokens beyond the
     ids (never in the shared traces) form a segment of the request's own."""
     k = min(len(hash_ids), cdiv(num_prompt_tokens, tokens_per_id))
-    out = list(zip(hash_ids[:k], repeat(tokens_per_id, k), strict=True))
     covered = k * tokens_per_id
-    if covered > num_prompt_tokens:
-        out[-1] = (out[-1][0], tokens_per_id - (covered - num_prompt_tokens))
-    elif covered < num_prompt_tokens:
-        out.append((unique_segment_id(request_id), num_prompt_tokens - covered))
-    return tuple(out)
+    if covered > num_prompt_tokens:  # the usual: the last id's block is cut
+        return (*zip(hash_ids[:k - 1], repeat(tokens_per_id)),
+                (hash_ids[k - 1], tokens_per_id - (covered - num_prompt_tokens)))
+    out = tuple(zip(hash_ids[:k], repeat(tokens_per_id)))
+    if covered < num_prompt_tokens:
+        out += ((unique_segment_id(request_id), num_prompt_tokens - covered),)
+    return out
 
 
 def prefix_spans(req: Request, block_size: int) -> list[int]:
@@ -178,16 +179,6 @@ class PrefixCachingKV(KVCacheManager):
                  "_registered", "_touched", "stats")
     mode: ClassVar[str] = ""
 
-    def _finish_admission(self, req: Request, hit: Any, num_tokens: int) -> bool:
-        """The shared end of an admission (both modes): hand the hit blocks to ``req``,
-        record the hit, and allocate its uncached tokens (checked to fit before)."""
-        self._set_blocks(req, hit)
-        self._admitted(req, hit)
-        self._touched = (None, 0)
-        ok = self.allocate_up_to(req, num_tokens)
-        assert ok is not None, "checked above"
-        return True
-
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         super().__init__(num_gpu_blocks, block_size)
         self._ref_cnt = np.zeros(num_gpu_blocks, np.int64)
@@ -197,9 +188,10 @@ class PrefixCachingKV(KVCacheManager):
         # A holding request's block_ids as an array: [buffer, n], buffer[:n] ==
         # block_ids[:n]; blocks appended one at a time (decodes) are copied when needed.
         self._arrays: dict[Request, list[Any]] = {}
-        # A waiting request's last hit length and the registrations counter then
-        # (for may_fit); blocks ever registered (a hit grows by at most one each).
-        self._last_lookup: dict[Request, tuple[int, int]] = {}
+        # A waiting request's last lookup: its hit length, the counts of blocks registered
+        # and evicted then, its limit, the hit as a list and as an array (get_computed_
+        # blocks, may_fit); blocks ever registered (a hit grows by at most one each).
+        self._last_lookup: dict[Request, tuple[int, int, int, int, list[int], np.ndarray]] = {}
         self._registered = 0
         # The last hit returned, as a list and as an array (the policy hands it back).
         self._last_hit: tuple[list[int] | None, np.ndarray] = (None, _NO_BLOCKS)
@@ -211,6 +203,16 @@ class PrefixCachingKV(KVCacheManager):
     @property
     def num_used_blocks(self) -> int:
         return self.num_gpu_blocks - 1 - self.num_free_blocks
+
+    def _finish_admission(self, req: Request, hit: Any, num_tokens: int) -> bool:
+        """The shared end of an admission (both modes): hand the hit blocks to ``req``,
+        record the hit, and allocate its uncached tokens (checked to fit before)."""
+        self._set_blocks(req, hit)
+        self._admitted(req, hit)
+        self._touched = (None, 0)
+        ok = self.allocate_up_to(req, num_tokens)
+        assert ok is not None, "checked above"
+        return True
 
     def can_fit(self, request: Request, num_tokens: int) -> bool:
         need = cdiv(num_tokens, self.block_size) - len(request.block_ids)
@@ -227,13 +229,24 @@ class PrefixCachingKV(KVCacheManager):
     def get_computed_blocks(self, req: Request) -> list[int]:
         """The cached blocks of ``req``'s longest cached prefix, at most (num_tokens - 1)
         // block_size of them, so the last known token is always computed (vLLM's
-        ``max_cache_hit_length``; SGLang's ``input_len - 1``). Changes nothing."""
+        ``max_cache_hit_length``; SGLang's ``input_len - 1``). Changes nothing. A lookup
+        is kept with the counts of blocks registered and evicted then, which every
+        change of the index moves: asked again before either moved (a head of waiting
+        that did not fit, asked by may_fit and then by the policy), it gives the same
+        list without looking up again."""
         limit = (req.num_tokens - 1) // self.block_size
-        found = (self._index.lookup(self._index.positions(req, limit), limit) if limit > 0
-                 else _NO_BLOCKS)
-        hit = found.tolist()
-        self._last_lookup[req] = (len(hit), self._registered)
-        self._last_hit = (hit, found)
+        last = self._last_lookup.get(req)
+        if (last is not None and last[1] == self._registered
+                and last[2] == self.stats.evicted_blocks and last[3] == limit):
+            hit = last[4]
+            self._last_hit = (hit, last[5])
+        else:
+            found = (self._index.lookup(self._index.positions(req, limit), limit)
+                     if limit > 0 else _NO_BLOCKS)
+            hit = found.tolist()
+            self._last_lookup[req] = (len(hit), self._registered, self.stats.evicted_blocks,
+                                      limit, hit, found)
+            self._last_hit = (hit, found)
         self._touched = (None, 0)
         return hit
 
@@ -243,14 +256,25 @@ class PrefixCachingKV(KVCacheManager):
 
     def may_fit(self, req: Request, num_tokens: int, reserve: int = 0) -> bool:
         """False when admitting ``req`` for ``num_tokens`` tokens certainly needs more
-        than the free blocks less ``reserve``, judged without a lookup: its hit can
-        have grown since its last lookup by at most the blocks registered since. A
-        head of waiting blocked for lack of blocks is then not looked up every step."""
+        than the free blocks less ``reserve`` (a necessary condition: its uncached
+        blocks fit). Its hit is the last lookup's when no block was registered since
+        (evictions only shrink it); otherwise, unless even a hit grown by every block
+        registered since could not make it fit, it is looked up again. So the answer
+        is exact as far as the hit goes, which is what lets a policy's
+        ``waiting_blocked`` see a head of waiting blocked for lack of blocks, and the
+        engine advance the running requests' decodes in runs meanwhile (the answer
+        stays False while they only decode: they register nothing and free nothing)."""
         last = self._last_lookup.get(req)
         if last is None:
             return True
-        bound = last[0] + self._registered - last[1]
-        return cdiv(num_tokens, self.block_size) - bound <= self.num_free_blocks - reserve
+        need = -(-num_tokens // self.block_size)
+        room = self.num_free_blocks - reserve
+        registered = self._registered - last[1]
+        if need - last[0] - registered > room:
+            return False
+        if registered:
+            return need - len(self.get_computed_blocks(req)) <= room
+        return need - last[0] <= room
 
     def _hit_array(self, hit: list[int]) -> np.ndarray:
         """``hit`` as an array (the one the lookup made when it is that lookup's list)."""
@@ -265,7 +289,7 @@ class PrefixCachingKV(KVCacheManager):
         if hit is self._touched[0]:  # asked again about the same lookup, nothing changed
             touched = self._touched[1]
         else:
-            touched = (int(np.count_nonzero(self._ref_cnt[self._hit_array(hit)] == 0))
+            touched = (len(hit) - int(np.count_nonzero(self._ref_cnt[self._hit_array(hit)]))
                        if hit else 0)
             self._touched = (hit, touched)
         return cdiv(num_tokens, self.block_size) - len(hit) - len(req.block_ids) + touched
@@ -324,9 +348,10 @@ class PrefixCachingKV(KVCacheManager):
             a[1] = start
 
     # -- registration --
-    def _register(self, req: Request, full: int) -> None:
+    def _register(self, req: Request, full: int, drop: np.ndarray | None = None) -> bool:
         """Index the request's first ``full`` blocks (all full, their tokens known) from
-        the first one not indexed yet; the caller checks there is one."""
+        the first one not indexed yet; the caller checks there is one. ``drop``, and
+        what it returns: as ``PrefixIndex.index``."""
         raise NotImplementedError
 
     def _release(self, request: Request) -> int:
@@ -468,10 +493,22 @@ class BlockHashCache(PrefixCachingKV):
             if need > self._nfree:
                 return None
             arr, new = self._take(need)
-            self.stats.evicted_blocks += self._index.evict(arr)
+            start = len(request.block_ids)
+            # The taken blocks still indexed are evicted now; their entries are dropped
+            # as they are indexed again below (most are), one write a block.
+            evicted = int(np.count_nonzero(self._index.key[arr]))
+            self.stats.evicted_blocks += evicted
             self._ref_cnt[arr] = 1
-            self._add_blocks(request, len(request.block_ids), arr)
+            self._add_blocks(request, start, arr)
             request.block_ids += new
+            full = min(num_tokens, request.num_prompt_tokens) // self.block_size
+            if full <= self._committed.get(request, 0):
+                if evicted:
+                    self._index.key[arr] = 0
+            elif (self._register(request, full, arr if evicted else None)
+                    and evicted and full < start + need):
+                self._index.key[arr[max(0, full - start):]] = 0  # those not indexed again
+            return new
         full = min(num_tokens, request.num_prompt_tokens) // self.block_size
         if full > self._committed.get(request, 0):
             self._register(request, full)
@@ -480,13 +517,25 @@ class BlockHashCache(PrefixCachingKV):
     def allocate_one_each(self, requests: list[Request]) -> None:
         # Decode blocks: their requests' prompts are registered already.
         n = len(requests)
-        if self._nstale or n > 16:
+        if self._nstale:
             for r in requests:
                 got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
                 assert got, "the caller checked the free blocks"
             return
         ql, key, ref = self._qlist, self._index.key, self._ref_cnt
         h = self._head
+        self._head = h + n
+        self._nfree -= n
+        if n > 8:  # a decode run's blocks (sim/decode_group.py): as arrays
+            arr = self._queue[h:h + n]
+            evicted = int(np.count_nonzero(key[arr]))
+            if evicted:
+                key[arr] = 0
+                self.stats.evicted_blocks += evicted
+            ref[arr] = 1
+            for r, b in zip(requests, ql[h:h + n], strict=True):
+                r.block_ids.append(b)
+            return
         evicted = 0
         for r in requests:
             b = ql[h]
@@ -496,18 +545,16 @@ class BlockHashCache(PrefixCachingKV):
                 evicted += 1
             ref[b] = 1
             r.block_ids.append(b)
-        self._head = h
-        self._nfree -= n
         self.stats.evicted_blocks += evicted
 
-    def _register(self, req: Request, full: int) -> None:
+    def _register(self, req: Request, full: int, drop: np.ndarray | None = None) -> bool:
         done = self._committed.get(req, 0)
-        pos = self._index.positions(req, full, done)
         # Those from done on were allocated after any hit: not indexed. The first copy
         # of a block's content indexed stays.
-        self._index.insert(pos, self._blocks(req)[done:full], keep=True)
+        fresh = self._index.index(req, done, self._blocks(req)[done:full], True, drop)
         self._registered += full - done
         self._committed[req] = full
+        return fresh
 
     def allocate_cached(self, req: Request, hit: list[int], num_tokens: int) -> bool:
         if self.num_new_blocks(req, hit, num_tokens) > self._nfree:
@@ -529,7 +576,8 @@ class BlockHashCache(PrefixCachingKV):
         self._arrays.pop(request, None)
         held = request.block_ids
         request.block_ids = []
-        left = self._ref_cnt[blocks] - 1
+        left = self._ref_cnt[blocks]
+        left -= 1  # in place: one array of a request's hundreds of blocks the fewer
         self._ref_cnt[blocks] = left
         # The blocks left unreferenced, last first (vLLM frees tail first): usually all
         # of them, or all but a prefix that other requests hold (then slices).

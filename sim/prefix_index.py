@@ -76,7 +76,8 @@ class PrefixIndex:
         self._ext_chain: list[int] = []
         self._ext_off: dict[int, int] = {}
         self.epoch = 0
-        self._pos: dict[Request, tuple[int, int, np.ndarray]] = {}  # (epoch, spans done, pos)
+        # (epoch, spans done, positions, first block and first position of the last run)
+        self._pos: dict[Request, tuple[int, int, np.ndarray, int, int]] = {}
 
     # -- positions --
     def positions(self, req: Request, n: int, start: int = 0) -> np.ndarray:
@@ -98,7 +99,10 @@ class PrefixIndex:
         if len(old) and start >= len(old):  # only blocks after the kept ones
             return _concat(starts, lens)[start - len(old):n - len(old)]
         pos = _concat(starts, lens, old)
-        self._pos[req] = (self.epoch, k, pos)
+        # Also its last run (first block, first position): a new prompt's chunks mostly
+        # lie in it and are indexed through slices of the arena (``index``).
+        tail = len(pos) - lens[-1] if starts else len(pos)
+        self._pos[req] = (self.epoch, k, pos, tail, starts[-1] if starts else 0)
         return pos[start:n]
 
     def _runs(self, spans: Spans, first: int, start: int, n: int
@@ -223,8 +227,12 @@ class PrefixIndex:
             shift[e] = dst - self._ext_base[e]
         need = top + n
         self.arena = np.zeros(max(2 * need, need + (1 << 20)), np.int64)
-        for dst, a, b in copies:
-            self.arena[dst:dst + b - a] = arena[a:b]
+        if copies:  # every kept extent's slots in one copy
+            dst, src, end = np.array(copies, np.int64).T
+            size = end - src
+            skip = np.repeat(dst - (np.cumsum(size) - size), size)
+            idx = np.arange(int(size.sum()), dtype=np.int64) + skip
+            self.arena[idx] = arena[idx - np.repeat(dst - src, size)]
         key[cached] = pos + shift[ext]
         self._chains, self._top = chains, top
         self._ext_base, self._ext_chain = ext_base, ext_chain
@@ -250,6 +258,54 @@ class PrefixIndex:
             if m == limit:
                 return got
             m = limit
+
+    def index(self, req: Request, start: int, blocks: np.ndarray, keep: bool,
+              drop: np.ndarray | None = None) -> bool:
+        """``insert(positions(req, stop, start), blocks, keep)``, stop = start +
+        len(blocks). ``drop``: blocks just taken for reuse whose entries are still to be
+        dropped (each in ``blocks`` or not). When the blocks lie in the request's last
+        run of positions and, with ``keep``, its slots there were never written (a new
+        prompt's chunk: the usual case), they are written through slices of the arena
+        and True is returned: the blocks of ``drop`` not in ``blocks`` are then still
+        indexed, for the caller to drop. Otherwise ``drop`` is dropped first and False
+        returned."""
+        stop = start + len(blocks)
+        got = self._pos.get(req)
+        if got is not None and got[0] == self.epoch and len(got[2]) >= stop >= start >= got[3]:
+            p = got[4] + start - got[3]
+            arena = self.arena
+            if not keep or not np.count_nonzero(arena[p:p + len(blocks)]):
+                arena[p:p + len(blocks)] = blocks
+                self.key[blocks] = got[2][start:stop]
+                return True
+        if drop is not None:
+            self.key[drop] = 0
+        if not self.index_new(req, start, blocks):
+            self.insert(self.positions(req, stop, start), blocks, keep)
+        return False
+
+    def index_new(self, req: Request, start: int, blocks: np.ndarray) -> bool:
+        """Index ``blocks`` as ``req``'s blocks from ``start`` when that is where its
+        last segment begins (its answer, open-ended: indexed at release) and no request
+        met that chain before: one new extent, written as slices, nothing to check.
+        False, and nothing done, otherwise."""
+        got = self._pos.get(req)
+        if got is None or got[0] != self.epoch or len(got[2]) != start:
+            return False
+        spans = self._spans(req)
+        k = got[1]
+        m = len(blocks)
+        if (k != len(spans) - 3 or spans[k + 1] != start or spans[k] in self._chains
+                or self._top + m > len(self.arena)):
+            return False
+        base = self._top
+        self._top += m
+        self._chains[spans[k]] = base << _SHIFT | m
+        self._ext_base.append(base)
+        self._ext_chain.append(spans[k])
+        self.arena[base:base + m] = blocks
+        self.key[blocks] = np.arange(base, base + m, dtype=np.int64)
+        return True
 
     def insert(self, pos: np.ndarray, blocks: np.ndarray, keep: bool) -> None:
         """Index ``blocks`` (not indexed) at ``pos``; with ``keep``, a slot holding a

@@ -106,10 +106,22 @@ class RadixCache(PrefixCachingKV):
     def allocate_one_each(self, requests: list[Request]) -> None:
         # Decode blocks: their requests' prompts are registered already.
         free, ref = self._free, self._ref_cnt
-        if len(requests) > len(free):  # evictions first
+        n = len(requests)
+        if n > len(free):  # as one at a time: a leaf run is evicted when none is empty
             for r in requests:
-                got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
-                assert got, "the caller checked the free blocks"
+                if not free:
+                    self._evict(1)
+                b = free.pop()
+                ref[b] = 1
+                r.block_ids.append(b)
+            return
+        if n > 8:  # a decode run's blocks (sim/decode_group.py): as arrays
+            k = len(free)
+            ref[self._free_arr[k - n:k]] = 1
+            new = free[k - n:]
+            del free[k - n:]
+            for r, b in zip(requests, reversed(new), strict=True):  # popped last first
+                r.block_ids.append(b)
             return
         for r in requests:
             b = free.pop()
@@ -142,26 +154,31 @@ class RadixCache(PrefixCachingKV):
         self._parent[bottom[0]] = m
         self._children[m] = 1
 
-    def _register(self, req: Request, full: int) -> None:
+    def _register(self, req: Request, full: int, drop: np.ndarray | None = None) -> bool:
         """Insert the request's blocks [committed, full) as a run below its path; a
-        leading stretch whose nodes exist already is adopted instead (deduplicated)."""
+        leading stretch whose nodes exist already is adopted instead (deduplicated).
+        ``drop`` is never given here (blocks come from the empty pool, not indexed)."""
         done = self._committed.get(req, 0)
         blocks = req.block_ids
         parent = blocks[done - 1] if done else 0
         self._registered += full - done
-        pos = self._index.positions(req, full, done)
-        # A node's parent is never evicted before it, so existing nodes come first (an
-        # existing node after them would be overwritten below: check_invariants finds
-        # such a block away from its slot).
-        held = self._index.held(pos)
-        k = len(held)
-        if k:
-            self._adopt(req, held.tolist(), done)
-            parent = int(held[-1])
-            self._split(parent)
+        ids = self._blocks(req)[done:full]
+        k = 0
+        if not self._index.index_new(req, done, ids):  # not an answer of its own
+            pos = self._index.positions(req, full, done)
+            # A node's parent is never evicted before it, so existing nodes come first
+            # (an existing node after them would be overwritten below: check_invariants
+            # finds such a block away from its slot).
+            held = self._index.held(pos)
+            k = len(held)
+            if k:
+                self._adopt(req, held.tolist(), done)
+                parent = int(held[-1])
+                self._split(parent)
+            if done + k < full:
+                ids = self._blocks(req)[done + k:full]
+                self._index.insert(pos[k:], ids, keep=False)
         if done + k < full:
-            ids = self._blocks(req)[done + k:full]
-            self._index.insert(pos[k:], ids, keep=False)
             run = blocks[done + k:full]
             end = run[-1]
             self._run_end[ids] = end
@@ -171,6 +188,7 @@ class RadixCache(PrefixCachingKV):
             self._children[end] = 0
             self._children[parent] += 1
         self._committed[req] = full
+        return True
 
     def _adopt(self, req: Request, nodes: list[int], start: int) -> None:
         """The request's blocks from ``start`` become ``nodes`` (existing, same
@@ -239,7 +257,8 @@ class RadixCache(PrefixCachingKV):
         request.block_ids = []
         ref = self._ref_cnt
         nodes = arr[:num_nodes]
-        left = ref[nodes] - 1
+        left = ref[nodes]
+        left -= 1
         ref[nodes] = left
         private = blocks[num_nodes:]  # never shared: the request held them alone
         ref[arr[num_nodes:]] = 0

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from unittest.mock import patch
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,6 +30,7 @@ from sim.prefix_cache import (
     make_kv,
     mooncake_segments,
 )
+from sim.prefix_index import PrefixIndex
 from sim.radix_cache import RadixCache
 from sim.request import Request
 from sim.simulate import SimResult, simulate
@@ -263,6 +266,40 @@ def test_refcounts_return_to_zero(rows: list[tuple[int, int, int, int, float]], 
     assert all(r.is_finished for r in reqs) and not any(r.block_ids for r in reqs)
     assert max(kv._ref_cnt) == 0 and kv.num_free_blocks == kv.num_usable_blocks
     assert res.summary["num_finished"] + res.summary["num_rejected"] == len(reqs)
+
+
+def general_index(self: PrefixIndex, req: Request, start: int, blocks: np.ndarray,
+                  keep: bool, drop: np.ndarray | None = None) -> bool:
+    """PrefixIndex.index without its slices: drop, then insert at the positions."""
+    if drop is not None:
+        self.key[drop] = 0
+    self.insert(self.positions(req, start + len(blocks), start), blocks, keep)
+    return False
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(WORKLOADS, st.sampled_from(MODES), st.integers(10, 40))
+def test_slice_paths_index_as_insert_does(rows: list[tuple[int, int, int, int, float]],
+                                          mode: str, blocks: int) -> None:
+    """Chunks of a new prompt and answers indexed through arena slices, with evictions
+    dropped as the blocks are indexed again (PrefixIndex.index, index_new), give the
+    records and counts of plain inserts, chunks ending inside a block, in a pool small
+    enough to evict and preempt."""
+    def run() -> SimResult:
+        reqs = []
+        for i, (prefix, plen, own, out, t) in enumerate(sorted(rows, key=lambda r: r[4])):
+            segs = [(prefix, plen)] if plen else []
+            reqs.append(req(i, [*segs, (100 + i, own)], out, arrival=t))
+        cfg = SchedulerConfig(prefix_cache=mode, max_num_batched_tokens=62, max_num_seqs=4,
+                              max_model_len=200)
+        return simulate(RequestListArrivals(reqs), policy_factory=get_policy_class("chunked"),
+                        config=cfg, cost_model=Shapes(), num_gpu_blocks=blocks, block_size=4)
+    fast = run()
+    with (patch.object(PrefixIndex, "index", general_index),
+          patch.object(PrefixIndex, "index_new", lambda *args: False)):
+        slow = run()
+    assert fast.requests.equals(slow.requests)
+    assert fast.summary["prefix_cache"] == slow.summary["prefix_cache"]
 
 
 @settings(max_examples=60, deadline=None)
