@@ -20,11 +20,11 @@ from scenarios.build import build_workload
 from scenarios.traces import load_trace, save_trace
 from scenarios.workload import Workload
 from sim.batch import BatchShape
+from sim.block_cache import BlockHashCache
 from sim.cli import app
 from sim.config import SchedulerConfig
 from sim.kv_cache import KVCacheManager
 from sim.prefix_cache import (
-    BlockHashCache,
     PrefixCachingKV,
     answer_segment_id,
     make_kv,

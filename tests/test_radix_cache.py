@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.prefix_cache import BlockHashCache
+from sim.block_cache import BlockHashCache
 from sim.radix_cache import RadixCache
 from tests.test_prefix_cache import admit, req, run_cached
 
