@@ -124,7 +124,8 @@ class DecodeGroup:
             self._base[req] = (self.steps, c0 + d, o0 + d, j)
 
     def remove(self, req: Request) -> None:
-        """Take ``req`` out (materialized); its heap entries die lazily."""
+        """Take ``req`` out (materialized); it leaves its bucket at once, its heap
+        entries die lazily."""
         self.materialize(req)
         if self.fresh and req.last_token_time != self.last_end:
             self.fresh -= 1  # it joined while a stall was pending
