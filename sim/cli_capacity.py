@@ -5,23 +5,16 @@ sim/plan.py, the pages in sim/capacity_report.py and sim/plan_report.py.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
-from sim.cli import INPUT_ERRORS, app, console, err_console, fail
-
-
-def _progress() -> Progress:
-    return Progress("[progress.description]{task.description}", BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
-                    transient=True, disable=not sys.stderr.isatty())
+from sim.cli import INPUT_ERRORS, app, console, fail, progress_bar
 
 
 @app.command()
@@ -101,7 +94,7 @@ def sweep(
                   f"({backend} backend)")
     start = time.perf_counter()
     try:
-        with _progress() as bar:
+        with progress_bar() as bar:
             task = bar.add_task("simulating cells", total=n)
             df = run_sweep(base, grid, workers=workers, backend=backend, address=address,
                            on_done=lambda k: bar.update(task, completed=k),
@@ -210,7 +203,7 @@ def plan(
                   f"{spec.base.num_requests:,} requests per probe, SLO {spec.slo.describe()}")
     t0 = time.perf_counter()
     try:
-        with _progress() as bar, executor as ex:
+        with progress_bar() as bar, executor as ex:
             res = run_plan(spec, _bar_runner(ex, bar))
         res.elapsed_s = time.perf_counter() - t0
         paths = write_plan(out, res)
