@@ -39,7 +39,8 @@ from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook, Scheduler
 from sim.kv_cache import KVCacheManager
-from sim.metrics import ItlSamples, Recorder, summarize
+from sim.latency_stats import ItlSamples
+from sim.metrics import Recorder, summarize
 from sim.request import Request
 from sim.simulate import SimResult
 from sim.source import ArrivalSource, ClosedLoopArrivals

@@ -9,19 +9,19 @@ turns them into summary.json. Definitions follow vLLM's benchmarks
 left out for one-token outputs; itl = gaps between successive token times of a request
 (TTFT is never an ITL sample); throughput counts completed requests only, over first
 arrival to last finish; goodput counts completed requests meeting every SLO given (<=).
-Percentiles are numpy's linear interpolation, as vLLM's benchmark uses.
+Percentiles are numpy's linear interpolation, as vLLM's benchmark uses
+(sim/latency_stats.py).
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.latency_stats import ItlSamples, meets_slos, stats, weighted_stats
 from sim.request import Request, RequestStatus
 from sim.saturation import saturation_summary
 from sim.table import Table, column, to_frame
@@ -39,7 +39,6 @@ REQUEST_COLUMNS = (
     "ttft_s", "tpot_s", "e2e_latency_s", "queued_time_s", "num_prompt_tokens",
     "num_output_tokens", "num_preemptions", "status", "finish_reason", "reason", "num_swaps",
 )
-PERCENTILES = (50, 90, 95, 99)
 #: The step columns that stay constant over a decode run, as record_step stores them.
 _CONST_STEP_COLUMNS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
                        "slots_useful", "slots_idle", "slots_empty", "num_preempted")
@@ -210,76 +209,6 @@ class Recorder:
         return to_frame(self.step_columns())
 
 
-@dataclass(frozen=True)
-class ItlSamples:
-    """A multiset of ITL samples: ``values_s[i]`` occurs ``counts[i]`` times (float64 s,
-    int64 >= 1, same length). Steps hold many equal gaps, so a run keeps one entry per
-    step instead of one per token."""
-
-    values_s: np.ndarray
-    counts: np.ndarray
-
-    @classmethod
-    def of(cls, samples: np.ndarray | ItlSamples) -> ItlSamples:
-        if isinstance(samples, ItlSamples):
-            return samples
-        v = np.asarray(samples, dtype=np.float64)
-        return cls(v, np.ones(len(v), dtype=np.int64))
-
-    @classmethod
-    def concat(cls, parts: list[ItlSamples]) -> ItlSamples:
-        if not parts:
-            return cls(np.zeros(0), np.zeros(0, dtype=np.int64))
-        return cls(np.concatenate([p.values_s for p in parts]),
-                   np.concatenate([p.counts for p in parts]))
-
-    def __len__(self) -> int:
-        return int(self.counts.sum())
-
-    def expanded(self) -> np.ndarray:
-        """Every sample, one by one (for tests and small runs)."""
-        return np.repeat(self.values_s, self.counts)
-
-
-def _lerp(a: float, b: float, t: float) -> float:
-    # numpy's own linear interpolation (numpy/lib/_function_base_impl.py ``_lerp``), so
-    # weighted percentiles equal np.percentile of the expanded samples to the last bit.
-    d = b - a
-    return b - d * (1 - t) if t >= 0.5 else a + d * t
-
-
-def weighted_stats(samples: ItlSamples) -> dict[str, float | None]:
-    """``stats`` of the expanded multiset, without expanding it: mean, the linear-method
-    percentiles (p50, p90, p95, p99) and max."""
-    v, c = samples.values_s, samples.counts
-    keep = np.isfinite(v) & (c > 0)
-    v, c = v[keep], c[keep]
-    n = int(c.sum())
-    if n == 0:
-        return {k: None for k in ("mean", "p50", "p90", "p95", "p99", "max")}
-    order = np.argsort(v, kind="stable")
-    v, c = v[order], c[order]
-    ends = np.cumsum(c)  # rank r (0-based) holds v[searchsorted(ends, r, "right")]
-    out: dict[str, float | None] = {"mean": float(np.dot(v, c) / n)}
-    for p in PERCENTILES:
-        out[f"p{p}"] = _linear_percentile(
-            lambda r: float(v[np.searchsorted(ends, r, side="right")]), n, p)
-    out["max"] = float(v[-1])
-    return out
-
-
-def _linear_percentile(value_at: Callable[[int], float], n: int, p: float) -> float:
-    """The p-th percentile (numpy's default "linear" method, Hyndman & Fan's 7th) of n
-    sorted values, the one of rank r read as ``value_at(r)``: the same arithmetic in the
-    same order as ``np.percentile`` (numpy/lib/_function_base_impl.py ``_quantile``),
-    so the result is identical to the last bit."""
-    h = (n - 1) * (p / 100)
-    if h >= n - 1:
-        return value_at(n - 1)
-    lo = math.floor(h)
-    return _lerp(value_at(lo), value_at(lo + 1), h - lo)
-
-
 #: Columns that must be equal for consecutive steps to share one compressed row.
 RLE_KEY = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
            "slots_useful", "slots_idle", "slots_empty")
@@ -310,34 +239,6 @@ def compress_steps(steps: Table | pd.DataFrame) -> dict[str, np.ndarray]:
     out["kv_blocks_used"] = np.maximum.reduceat(cols["kv_blocks_used"], first)
     out["num_steps"] = np.bincount(group).astype(np.int64)
     return out
-
-
-def stats(values: np.ndarray) -> dict[str, float | None]:
-    """mean, p50, p90, p95, p99 and max of the finite values; None for each when empty."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return {k: None for k in ("mean", "p50", "p90", "p95", "p99", "max")}
-    # np.percentile itself would do, but numpy 2.4 imports numpy.ma on its first call
-    # (0.05-0.09 s, a tenth of a small run).
-    out: dict[str, float | None] = {"mean": float(v.mean())}  # before sorting: same sum
-    v = np.sort(v)
-    for p in PERCENTILES:
-        out[f"p{p}"] = _linear_percentile(lambda r: float(v[r]), v.size, p)
-    out["max"] = float(v[-1])
-    return out
-
-
-def meets_slos(ttft: np.ndarray, tpot: np.ndarray, slo_ttft_s: float | None,
-               slo_tpot_s: float | None) -> np.ndarray:
-    """Boolean mask of requests meeting every SLO given (<=). A missing TPOT (one-token
-    output) meets any TPOT SLO; a missing TTFT (not completed) meets none."""
-    ok = np.isfinite(ttft)
-    if slo_ttft_s is not None:
-        ok &= ttft <= slo_ttft_s
-    if slo_tpot_s is not None:
-        ok &= ~(tpot > slo_tpot_s)  # NaN (no TPOT sample) passes
-    return ok
 
 
 def summarize(

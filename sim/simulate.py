@@ -15,7 +15,8 @@ import simpy
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook, Scheduler, StepExecutor, StepObserver
-from sim.metrics import ItlSamples, Recorder, summarize
+from sim.latency_stats import ItlSamples
+from sim.metrics import Recorder, summarize
 from sim.prefix_cache import PrefixCachingKV, make_kv, prefix_cache_summary
 from sim.source import ArrivalSource
 from sim.table import to_frame

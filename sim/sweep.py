@@ -23,7 +23,7 @@ import pandas as pd
 
 from sim.backends import map_ordered
 from sim.engine import SchedulerStuck
-from sim.metrics import meets_slos
+from sim.latency_stats import meets_slos
 from sim.runner import RunConfig, prepare, simulate_prepared
 
 #: Axis name (a RunConfig field) -> parser of one value. Grid order follows this order.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.metrics import Recorder, stats, summarize
+from sim.latency_stats import stats
+from sim.metrics import Recorder, summarize
 from sim.request import Request, RequestStatus
 
 
