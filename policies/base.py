@@ -264,7 +264,7 @@ class QueuePolicy:
         n = len(running)
         cfg = self.config
         if (not n or self.swapped or n > cfg.max_num_batched_tokens
-                or (len(self.waiting) and n < cfg.max_num_seqs)):
+                or (len(self.waiting) and (n < cfg.max_num_seqs or self.lpm))):
             return None
         ctx = 0
         for r in running:
@@ -323,6 +323,8 @@ class QueuePolicy:
         running = self.running
         if group.members and running[-1] not in group and not group.can_join(running[-1], now):
             return None  # the group cannot grow over the tail (a prefill, say): not steady
+        if self.lpm and len(self.waiting):
+            return None  # lpm re-sorts waiting every step (a stable sort: its history counts)
         cfg = self.config
         if self.swapped or (len(self.waiting) and len(running) < cfg.max_num_seqs
                             and not self.waiting_blocked(

@@ -151,9 +151,9 @@ class BlockHashCache(PrefixCachingKV):
         return new
 
     def allocate_one_each(self, requests: list[Request]) -> None:
-        # Decode blocks: their requests' prompts are registered already.
+        # Decode blocks; a prompt not wholly registered yet goes through allocate_up_to.
         n = len(requests)
-        if self._nstale:
+        if self._nstale or not self._prompts_registered(requests):
             for r in requests:
                 got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
                 assert got, "the caller checked the free blocks"

@@ -215,8 +215,8 @@ class Engine:
             yield env.timeout(dt)
             end = env.now
             done = self._apply(plan, now, end)
-            if n_group:
-                done.extend(self._apply_group(group, now, end))  # type: ignore[arg-type]
+            if n_group:  # the members head running: they are released first, as in running order
+                done = self._apply_group(group, now, end) + done  # type: ignore[arg-type]
             stall_steps = 0 if self._num_sampled > sampled_before else stall_steps + 1
             if stall_steps > stall_limit:
                 self._raise_stuck(last_preempted or plan.scheduled[0][0], stall_steps)

@@ -355,6 +355,14 @@ class PrefixCachingKV(KVCacheManager):
         what it returns: as ``PrefixIndex.index``."""
         raise NotImplementedError
 
+    def _prompts_registered(self, requests: list[Request]) -> bool:
+        """Whether every full prompt block of each of ``requests`` is indexed already, so
+        that its next decode block needs no registration. Not so for a prompt whose last
+        chunk filled its last block without taking a new one: allocate_up_to indexes that
+        block at the request's first decode, as the step-by-step path does."""
+        committed, bs = self._committed, self.block_size
+        return all(committed.get(r, 0) >= r.num_prompt_tokens // bs for r in requests)
+
     def _release(self, request: Request) -> int:
         """Before freeing: index every computed full block not indexed yet (decode
         blocks, and prompt blocks that filled without a later allocation), then forget

@@ -175,3 +175,30 @@ def test_fast_path_with_prefix_caching(scenario: str, cache: str, policy: str,
     assert_frames_close(fast.requests, ref.requests)
     assert_frames_close(fast.steps, ref.steps)
     assert_nested_close(fast.summary, ref.summary)
+
+
+@pytest.mark.parametrize("cache", ["block", "radix"])
+def test_prompt_block_filled_by_the_last_chunk_is_cached_at_the_first_decode(
+        cache: str) -> None:
+    """A 32-token prompt in chunks of 8 fills its second block without taking a new one;
+    the step-by-step path indexes that block at the request's first decode (when it
+    takes its third block), so a request arriving at 0.2 s with the same 32 tokens hits
+    both blocks (32 tokens). The decode group's allocations must index it too."""
+    from sim.cost_model import ConstantCostModel
+    from sim.request import Request
+
+    def requests() -> list[Request]:
+        a = Request("0", 0.0, 32, 60, 60, 0, 0)
+        a.prompt_segments = ((7, 32),)
+        b = Request("1", 0.2, 40, 5, 5, 0, 1)
+        b.prompt_segments = ((7, 32), (99, 8))
+        return [a, b]
+
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, prefix_cache=cache)
+    hits = []
+    for fast in (False, True):
+        r = simulate(RequestListArrivals(requests()), policy_factory=get_policy_class("chunked"),
+                     config=cfg, cost_model=ConstantCostModel(0.01), num_gpu_blocks=100,
+                     block_size=16, fast_path=fast)
+        hits.append(r.summary["prefix_cache"]["hit_tokens"])
+    assert hits == [32, 32]
