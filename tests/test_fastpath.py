@@ -202,3 +202,62 @@ def test_prompt_block_filled_by_the_last_chunk_is_cached_at_the_first_decode(
                      block_size=16, fast_path=fast)
         hits.append(r.summary["prefix_cache"]["hit_tokens"])
     assert hits == [32, 32]
+
+
+# A random workload (30 requests, one slot, seven blocks, a block cache) on which the fast
+# path once skipped lpm's per-step re-sorting of waiting while every slot was taken.
+_LPM_WORKLOAD = [
+    (0.0, 46, 89, 29, 2, ((7, 40), (1000, 6))),
+    (0.0, 54, 49, 49, 0, None),
+    (0.0, 12, 66, 66, 0, ((7, 12),)),
+    (0.0, 6, 6, 6, 2, ((7, 6),)),
+    (0.0, 16, 46, 46, 1, ((7, 16),)),
+    (0.1, 45, 64, 50, 0, ((7, 40), (9053879215770065218, 5))),
+    (0.6, 36, 87, 87, 2, None),
+    (0.603, 13, 86, 20, 0, ((7, 13),)),
+    (1.103, 11, 33, 33, 2, None),
+    (1.103, 45, 36, 36, 2, ((7, 40), (2372738160954370969, 5))),
+    (1.106, 8, 73, 73, 1, None),
+    (1.606, 17, 87, 30, 1, None),
+    (1.606, 50, 43, 43, 0, ((7, 40), (1012, 10))),
+    (2.106, 45, 66, 66, 2, ((7, 40), (5690283034469394251, 5))),
+    (2.106, 10, 18, 75, 1, None),
+    (2.126, 28, 69, 69, 1, None),
+    (2.126, 21, 65, 65, 0, ((7, 21),)),
+    (2.226, 3, 72, 72, 2, ((7, 3),)),
+    (2.229, 58, 22, 22, 1, ((7, 40), (1018, 18))),
+    (2.729, 49, 20, 20, 2, None),
+    (2.729, 45, 31, 31, 1, ((7, 40), (1020, 5))),
+    (3.229, 4, 37, 64, 1, ((7, 4),)),
+    (3.329, 40, 50, 50, 2, ((7, 40),)),
+    (3.329, 48, 22, 22, 1, ((7, 40), (1023, 8))),
+    (3.829, 16, 51, 61, 0, None),
+    (3.829, 45, 77, 77, 2, ((7, 40), (3070451717918157851, 5))),
+    (3.829, 36, 9, 9, 0, ((7, 36),)),
+    (3.849, 40, 64, 64, 1, None),
+    (3.849, 26, 68, 68, 0, None),
+    (3.852, 23, 29, 29, 0, ((7, 23),)),
+]
+
+
+def test_lpm_with_every_slot_taken_matches_step_by_step() -> None:
+    """lpm re-sorts waiting by cached prefix every step with a stable sort, so the order
+    depends on every earlier sort: no step may be skipped while anything waits."""
+    from sim.request import Request
+
+    def requests() -> list[Request]:
+        out = []
+        for i, (t, p, o, m, prio, segs) in enumerate(_LPM_WORKLOAD):
+            r = Request(str(i), t, p, o, m, prio, i)
+            r.prompt_segments = segs
+            out.append(r)
+        return out
+
+    cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=128, max_model_len=4096,
+                          queue="lpm", prefix_cache="block")
+    ref, fast = (simulate(RequestListArrivals(requests()), policy_factory=get_policy_class(
+        "chunked"), config=cfg, cost_model=ContextCost(), num_gpu_blocks=7, block_size=16,
+        fast_path=f) for f in (False, True))
+    assert_frames_close(fast.requests, ref.requests)
+    assert_frames_close(fast.steps, ref.steps)
+    assert_nested_close(fast.summary, ref.summary)
