@@ -261,3 +261,65 @@ def test_lpm_with_every_slot_taken_matches_step_by_step() -> None:
     assert_frames_close(fast.requests, ref.requests)
     assert_frames_close(fast.steps, ref.steps)
     assert_nested_close(fast.summary, ref.summary)
+
+
+# A random workload (30 requests, block size 2, a block cache, a Mixtral roofline) on
+# which the fast path once released requests finishing in the same step out of running
+# order, which reorders the block cache's free queue.
+_RELEASE_WORKLOAD = [
+    (0.1, 56, 24, 24, 0, ((7, 28), (1000, 28))),
+    (0.1, 4, 74, 53, 2, None),
+    (0.2, 2, 60, 38, 1, None),
+    (0.2, 33, 62, 17, 2, None),
+    (0.22, 33, 74, 21, 1, ((7, 28), (8819363018449984009, 5))),
+    (0.24, 22, 60, 38, 1, None),
+    (0.24, 11, 25, 25, 2, ((7, 11),)),
+    (0.26, 12, 23, 30, 1, ((7, 12),)),
+    (0.76, 39, 20, 20, 1, ((7, 28), (1008, 11))),
+    (0.78, 3, 80, 80, 2, ((7, 3),)),
+    (0.783, 1, 56, 83, 0, None),
+    (0.883, 33, 73, 73, 1, ((7, 28), (1265306293143682410, 5))),
+    (1.383, 47, 64, 64, 0, ((7, 28), (1012, 19))),
+    (1.383, 26, 10, 10, 2, None),
+    (1.383, 17, 33, 71, 0, ((7, 17),)),
+    (1.386, 48, 65, 55, 1, ((7, 28), (1015, 20))),
+    (1.386, 2, 81, 81, 2, ((7, 2),)),
+    (1.886, 1, 79, 72, 2, None),
+    (1.886, 34, 7, 7, 2, None),
+    (1.886, 41, 2, 32, 2, ((7, 28), (1019, 13))),
+    (1.986, 1, 73, 23, 0, ((7, 1),)),
+    (1.986, 33, 67, 67, 2, ((7, 28), (8819363018449984009, 5))),
+    (1.986, 38, 87, 87, 1, ((7, 28), (1022, 10))),
+    (2.486, 33, 50, 50, 2, ((7, 28), (2571135860063603309, 5))),
+    (2.489, 15, 49, 49, 2, None),
+    (2.509, 34, 82, 82, 1, None),
+    (2.509, 33, 28, 28, 2, ((7, 28), (8885470678953877708, 5))),
+    (2.512, 45, 37, 15, 1, ((7, 28), (1027, 17))),
+    (2.512, 33, 33, 33, 2, ((7, 28), (6332705199151157198, 5))),
+    (2.512, 13, 37, 37, 0, ((7, 13),)),
+]
+
+
+def test_same_step_finishes_release_in_running_order() -> None:
+    from calibration.roofline import RooflineCostModel
+    from calibration.specs import get_gpu, get_model
+    from sim.request import Request
+
+    def requests() -> list[Request]:
+        out = []
+        for i, (t, p, o, m, prio, segs) in enumerate(_RELEASE_WORKLOAD):
+            r = Request(str(i), t, p, o, m, prio, i)
+            r.prompt_segments = segs
+            out.append(r)
+        return out
+
+    cfg = SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=40, max_model_len=100,
+                          long_prefill_token_threshold=16, scheduler_reserve_full_isl=False,
+                          prefix_cache="block")
+    cost = RooflineCostModel(get_model("mixtral-8x7b"), get_gpu("h200-sxm"))
+    ref, fast = (simulate(RequestListArrivals(requests()), policy_factory=get_policy_class(
+        "chunked"), config=cfg, cost_model=cost, num_gpu_blocks=77, block_size=2,
+        fast_path=f) for f in (False, True))
+    assert_frames_close(fast.requests, ref.requests)
+    assert_frames_close(fast.steps, ref.steps)
+    assert_nested_close(fast.summary, ref.summary)
