@@ -15,7 +15,6 @@ Percentiles are numpy's linear interpolation, as vLLM's benchmark uses
 
 from __future__ import annotations
 
-import math
 from array import array
 from typing import TYPE_CHECKING, Any
 
@@ -311,8 +310,3 @@ def summarize(
         },
         **saturation_summary(requests),
     }
-
-
-def finite_or_none(x: float) -> float | None:
-    """JSON-safe float: NaN/inf become None."""
-    return x if math.isfinite(x) else None

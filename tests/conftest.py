@@ -52,3 +52,20 @@ def run_sim(
         cost_model=cost_model or ConstantCostModel(step_time),
         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
     )
+
+
+def cache_op(kv: object, r: Request, extra: int, free: bool, block_size: int) -> None:
+    """One random operation on a prefix-caching pool (hypothesis tests of both caches):
+    release ``r`` when ``free`` or when it is complete, admit it through the cache when it
+    holds nothing (its hit plus up to ``extra`` tokens), else grow it by up to ``extra``
+    tokens. ``kv`` is a sim.prefix_cache.PrefixCachingKV."""
+    if r.block_ids and (free or r.num_computed_tokens >= r.num_tokens):
+        kv.free(r)  # type: ignore[attr-defined]
+        r.num_computed_tokens = 0
+    elif not r.block_ids:
+        hit = list(kv.get_computed_blocks(r))  # type: ignore[attr-defined]
+        n = min(r.num_tokens - len(hit) * block_size, extra)
+        if kv.allocate_cached(r, hit, len(hit) * block_size + n):  # type: ignore[attr-defined]
+            r.num_computed_tokens += n
+    elif kv.allocate_slots(r, min(extra, r.num_tokens - r.num_computed_tokens)):  # type: ignore[attr-defined]
+        r.num_computed_tokens = min(r.num_tokens, r.num_computed_tokens + extra)

@@ -204,6 +204,29 @@ def test_prompt_block_filled_by_the_last_chunk_is_cached_at_the_first_decode(
     assert hits == [32, 32]
 
 
+def assert_workload_same(rows: list[tuple], cfg: SchedulerConfig, cost: object,
+                         blocks: int, bs: int) -> None:
+    """``chunked`` over (arrival, prompt, output_len, max_tokens, priority, prompt
+    segments) rows, both ways: the fast path gives the reference's records."""
+    from sim.request import Request
+
+    def requests() -> list[Request]:
+        out = []
+        for i, (t, p, o, m, prio, segs) in enumerate(rows):
+            r = Request(str(i), t, p, o, m, prio, i)
+            r.prompt_segments = segs
+            out.append(r)
+        return out
+
+    ref, fast = (simulate(RequestListArrivals(requests()),
+                          policy_factory=get_policy_class("chunked"), config=cfg,
+                          cost_model=cost, num_gpu_blocks=blocks, block_size=bs,
+                          fast_path=f) for f in (False, True))
+    assert_frames_close(fast.requests, ref.requests)
+    assert_frames_close(fast.steps, ref.steps)
+    assert_nested_close(fast.summary, ref.summary)
+
+
 # A random workload (30 requests, one slot, seven blocks, a block cache) on which the fast
 # path once skipped lpm's per-step re-sorting of waiting while every slot was taken.
 _LPM_WORKLOAD = [
@@ -243,24 +266,9 @@ _LPM_WORKLOAD = [
 def test_lpm_with_every_slot_taken_matches_step_by_step() -> None:
     """lpm re-sorts waiting by cached prefix every step with a stable sort, so the order
     depends on every earlier sort: no step may be skipped while anything waits."""
-    from sim.request import Request
-
-    def requests() -> list[Request]:
-        out = []
-        for i, (t, p, o, m, prio, segs) in enumerate(_LPM_WORKLOAD):
-            r = Request(str(i), t, p, o, m, prio, i)
-            r.prompt_segments = segs
-            out.append(r)
-        return out
-
     cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=128, max_model_len=4096,
                           queue="lpm", prefix_cache="block")
-    ref, fast = (simulate(RequestListArrivals(requests()), policy_factory=get_policy_class(
-        "chunked"), config=cfg, cost_model=ContextCost(), num_gpu_blocks=7, block_size=16,
-        fast_path=f) for f in (False, True))
-    assert_frames_close(fast.requests, ref.requests)
-    assert_frames_close(fast.steps, ref.steps)
-    assert_nested_close(fast.summary, ref.summary)
+    assert_workload_same(_LPM_WORKLOAD, cfg, ContextCost(), 7, 16)
 
 
 # A random workload (30 requests, block size 2, a block cache, a Mixtral roofline) on
@@ -303,23 +311,9 @@ _RELEASE_WORKLOAD = [
 def test_same_step_finishes_release_in_running_order() -> None:
     from calibration.roofline import RooflineCostModel
     from calibration.specs import get_gpu, get_model
-    from sim.request import Request
-
-    def requests() -> list[Request]:
-        out = []
-        for i, (t, p, o, m, prio, segs) in enumerate(_RELEASE_WORKLOAD):
-            r = Request(str(i), t, p, o, m, prio, i)
-            r.prompt_segments = segs
-            out.append(r)
-        return out
 
     cfg = SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=40, max_model_len=100,
                           long_prefill_token_threshold=16, scheduler_reserve_full_isl=False,
                           prefix_cache="block")
     cost = RooflineCostModel(get_model("mixtral-8x7b"), get_gpu("h200-sxm"))
-    ref, fast = (simulate(RequestListArrivals(requests()), policy_factory=get_policy_class(
-        "chunked"), config=cfg, cost_model=cost, num_gpu_blocks=77, block_size=2,
-        fast_path=f) for f in (False, True))
-    assert_frames_close(fast.requests, ref.requests)
-    assert_frames_close(fast.steps, ref.steps)
-    assert_nested_close(fast.summary, ref.summary)
+    assert_workload_same(_RELEASE_WORKLOAD, cfg, cost, 77, 2)

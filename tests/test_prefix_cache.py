@@ -35,7 +35,7 @@ from sim.radix_cache import RadixCache
 from sim.request import Request
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
-from tests.conftest import make_requests, run_sim, shared_path
+from tests.conftest import cache_op, make_requests, run_sim, shared_path
 
 MODES = ("block", "radix")
 
@@ -311,17 +311,7 @@ def test_random_admissions_and_frees_never_leak(ops: list[tuple[int, int, bool]]
     assert isinstance(kv, PrefixCachingKV)
     reqs = [req(i, [(i % 2, 8), (50 + i, 12)]) for i in range(6)]
     for who, extra, free in ops:
-        r = reqs[who]
-        if free or (r.block_ids and r.num_computed_tokens >= r.num_tokens):
-            kv.free(r)
-            r.num_computed_tokens = 0
-        elif not r.block_ids:
-            hit = list(kv.get_computed_blocks(r))
-            n = min(r.num_tokens - len(hit) * 4, extra)
-            if kv.allocate_cached(r, hit, len(hit) * 4 + n):
-                r.num_computed_tokens += n
-        elif kv.allocate_slots(r, min(extra, r.num_tokens - r.num_computed_tokens)):
-            r.num_computed_tokens = min(r.num_tokens, r.num_computed_tokens + extra)
+        cache_op(kv, reqs[who], extra, free, 4)
         kv.check_invariants()
         held = sum(len(x.block_ids) for x in reqs)
         assert held >= kv.num_used_blocks

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from sim.block_cache import BlockHashCache
 from sim.radix_cache import RadixCache
+from tests.conftest import cache_op
 from tests.test_prefix_cache import admit, req, run_cached
 
 
@@ -106,17 +107,7 @@ def test_random_use_keeps_the_tree_consistent(ops: list[tuple[int, int, bool]]) 
     trunks = [[(1, 8)], [(1, 8), (2, 6)], [(1, 8), (3, 4)], [(1, 16)]]
     reqs = [req(i, [*trunks[i % 4], (40 + i, 1 + i)]) for i in range(8)]
     for who, extra, free in ops:
-        r = reqs[who]
-        if r.block_ids and (free or r.num_computed_tokens >= r.num_tokens):
-            kv.free(r)
-            r.num_computed_tokens = 0
-        elif not r.block_ids:
-            hit = list(kv.get_computed_blocks(r))
-            n = min(r.num_tokens - len(hit) * 4, extra)
-            if kv.allocate_cached(r, hit, len(hit) * 4 + n):
-                r.num_computed_tokens += n
-        elif kv.allocate_slots(r, min(extra, r.num_tokens - r.num_computed_tokens)):
-            r.num_computed_tokens = min(r.num_tokens, r.num_computed_tokens + extra)
+        cache_op(kv, reqs[who], extra, free, 4)
         kv.check_invariants()
     for r in reqs:
         kv.free(r)
