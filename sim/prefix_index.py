@@ -54,8 +54,8 @@ class PrefixIndex:
     """Slots of segment chains in one arena, and the slot each cached block is indexed
     at. Owns no block lifetimes: the caches decide what is indexed and evicted."""
 
-    __slots__ = ("_block_size", "_chains", "_ext_base", "_ext_chain", "_ext_off", "_multi",
-                 "_pos", "_spans", "_top", "arena", "epoch", "key")
+    __slots__ = ("_block_size", "_chains", "_dynamic", "_ext_base", "_ext_chain", "_ext_off",
+                 "_multi", "_pos", "_spans", "_top", "arena", "epoch", "key")
 
     def __init__(self, num_gpu_blocks: int, block_size: int,
                  spans: Callable[[Request], Spans]) -> None:
@@ -64,6 +64,7 @@ class PrefixIndex:
         self.arena = np.zeros(1 << 12, np.int64)
         self.key = np.zeros(num_gpu_blocks, np.int64)
         self._top = 1  # position 0 is no slot, so key 0 means "not indexed"
+        self._dynamic = False  # slots were made here (not fixed before the run)
         # chain -> base << _SHIFT | slots, or -1 for a chain of several extents, kept in
         # _multi as (slots, base_0, count_0, base_1, count_1, ...). Ints, not tuples: a
         # long run makes hundreds of thousands of chains, which the garbage collector
@@ -89,8 +90,12 @@ class PrefixIndex:
             if len(got[2]) >= n:
                 return got[2][start:n]
             old, first = got[2], got[1]
+        elif req.prefix_slots is not None:
+            return self._fixed(req, req.prefix_slots)[start:n]
         else:
             old, first = _EMPTY, 0
+        assert req.prefix_slots is None, "a block past the request's fixed slots"
+        self._dynamic = True
         upto = max(n, req.num_prompt_tokens // self._block_size)
         if self._top + upto - len(old) > len(self.arena):
             self._make_room(upto)  # may renumber every position
@@ -104,6 +109,27 @@ class PrefixIndex:
         tail = len(pos) - lens[-1] if starts else len(pos)
         self._pos[req] = (self.epoch, k, pos, tail, starts[-1] if starts else 0)
         return pos[start:n]
+
+    def _fixed(self, req: Request, slots: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Positions of a request whose slots were fixed before the run
+        (sim/prefix_slots.py: ``slots`` are its runs, first positions and lengths); kept
+        as ``positions`` keeps them. Such slots are never renumbered, and the arena
+        grows to hold them; an index serves requests of one kind only."""
+        assert not self._dynamic, "fixed slots in an index that made slots of its own"
+        starts, lens = slots
+        if len(starts) == 1:
+            s = int(starts[0])
+            pos = np.arange(s, s + int(lens[0]), dtype=np.int64)
+        else:
+            cum = np.cumsum(lens)
+            pos = np.arange(int(cum[-1]), dtype=np.int64) + np.repeat(starts - (cum - lens), lens)
+        end = int((starts + lens).max())
+        if end > len(self.arena):
+            arena = np.zeros(max(end, 2 * len(self.arena)), np.int64)
+            arena[:len(self.arena)] = self.arena
+            self.arena = arena
+        self._pos[req] = (self.epoch, 0, pos, len(pos) - int(lens[-1]), int(starts[-1]))
+        return pos
 
     def _runs(self, spans: Spans, first: int, start: int, n: int
               ) -> tuple[list[int], list[int], int]:
@@ -290,6 +316,16 @@ class PrefixIndex:
         met that chain before: one new extent, written as slices, nothing to check.
         False, and nothing done, otherwise."""
         got = self._pos.get(req)
+        if req.prefix_slots is not None:  # fixed slots: write them if never written
+            stop = start + len(blocks)
+            if got is None or not got[3] <= start <= stop <= len(got[2]):
+                return False
+            p = got[4] + start - got[3]
+            if np.count_nonzero(self.arena[p:p + len(blocks)]):
+                return False
+            self.arena[p:p + len(blocks)] = blocks
+            self.key[blocks] = got[2][start:stop]
+            return True
         if got is None or got[0] != self.epoch or len(got[2]) != start:
             return False
         spans = self._spans(req)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class RequestStatus(enum.Enum):
@@ -67,6 +68,9 @@ class Request:
     # block, end block, flat (three ints a segment): computed lazily by a prefix cache
     # (sim/prefix_cache.py).
     prefix_spans: list[int] | None = None
+    # Or its blocks' slots fixed for the whole workload before the run, as runs (first
+    # positions, lengths) of the prefix index's arena (sim/prefix_slots.py).
+    prefix_slots: tuple[Any, Any] | None = None
     # Prompt tokens found in the prefix cache at the first admission (vLLM's name).
     num_cached_tokens: int = 0
 

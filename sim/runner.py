@@ -29,7 +29,8 @@ from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepExecutor, StepObserver
 from sim.metrics import compress_steps
-from sim.prefix_cache import mooncake_segments
+from sim.prefix_slots import PrefixSlotTable
+from sim.request import Request
 from sim.simulate import SimResult, simulate
 from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals, ContentFn
 from sim.table import write_csv
@@ -266,7 +267,7 @@ def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
     """The run's arrival source and the release hook it needs: the workload's own
     arrivals (open loop), or closed-loop users over its rows (``concurrency``)."""
     w, cfg = prep.workload, prep.config
-    content = prompt_content(w) if cfg.prefix_cache != "none" else None
+    content = prompt_content(w, cfg.block_size) if cfg.prefix_cache != "none" else None
     if cfg.concurrency is None:
         return ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
                               w.max_tokens, w.priority, w.request_id, content), None
@@ -276,17 +277,23 @@ def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
     return src, src.release
 
 
-def prompt_content(w: Workload) -> ContentFn | None:
-    """Each row's prompt segments for a prefix cache, made at arrival: the workload's
-    own ``prompt_segments``, or its Mooncake ``hash_ids`` at 512 tokens an id; None
-    when it has neither (every prompt is then its own)."""
-    if w.prompt_segments is not None:
-        return w.prompt_segments.__getitem__
-    hashes = w.hash_ids
-    if hashes is None:
+def prompt_content(w: Workload, block_size: int) -> ContentFn | None:
+    """Each request's prompt content for a prefix cache, given at arrival: the slots of
+    its blocks, fixed for the whole workload in one pass before the run
+    (sim/prefix_slots.py) from the workload's own ``prompt_segments`` or else its
+    Mooncake ``hash_ids`` at 512 tokens an id; None when it has neither (every prompt
+    is then its own)."""
+    if w.prompt_segments is None and w.hash_ids is None:
         return None
-    prompt, ids = w.num_prompt_tokens, w.request_id
-    return lambda i: mooncake_segments(hashes[i], int(prompt[i]), ids[i])
+    table = PrefixSlotTable.for_workload(w.num_prompt_tokens, w.output_len, w.request_id,
+                                         block_size, prompt_segments=w.prompt_segments,
+                                         hash_ids=w.hash_ids)
+    runs = table.runs
+
+    def content(req: Request) -> None:
+        req.prefix_slots = runs(req.index)
+
+    return content
 
 
 def resolved_config(prep: Prepared) -> dict[str, Any]:

@@ -13,9 +13,10 @@ import numpy as np
 
 from sim.request import Request
 
-#: A prompt's content for prefix caching, by workload row (see sim/prefix_cache.py):
-#: (segment id, tokens) pairs, or None when unknown. Called once per request, at arrival.
-ContentFn = Callable[[int], "tuple[tuple[int, int], ...] | None"]
+#: Gives a request its prompt's content for prefix caching (see sim/prefix_cache.py), from
+#: its workload row ``req.index``: sets ``prompt_segments`` or ``prefix_slots``. Called
+#: once per request, at arrival.
+ContentFn = Callable[[Request], None]
 
 
 class ArrivalSource(Protocol):
@@ -35,7 +36,7 @@ class ColumnArrivals:
 
     arrival_time: float seconds, non-decreasing; token columns int >= 1; all of length N.
     Request ``index`` is the position in these columns. ``content`` (prefix caching only)
-    gives each request's ``prompt_segments`` as it arrives.
+    gives each request its prompt's content as it arrives.
     """
 
     __slots__ = ("_content", "_i", "_ids", "_m", "_n", "_o", "_p", "_prio", "_t")
@@ -77,7 +78,7 @@ class ColumnArrivals:
             rid = self._ids[i] if self._ids is not None else str(i)
             req = Request(rid, t[i], self._p[i], self._o[i], self._m[i], self._prio[i], i)
             if content is not None:
-                req.prompt_segments = content(i)
+                content(req)
             out.append(req)
             i += 1
         self._i = i
@@ -170,7 +171,7 @@ class ClosedLoopArrivals:
             rid = self._ids[i] if self._ids is not None else str(i)
             req = Request(rid, t, self._p[i], self._o[i], self._m[i], self._prio[i], i)
             if self._content is not None:
-                req.prompt_segments = self._content(i)
+                self._content(req)
             out.append(req)
         return out
 
