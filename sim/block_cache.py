@@ -189,7 +189,7 @@ class BlockHashCache(PrefixCachingKV):
         # of a block's content indexed stays.
         fresh = self._index.index(req, done, self._blocks(req)[done:full], True, drop)
         self._registered += full - done
-        self._committed[req] = full
+        self._committed_to(req, full)
         return fresh
 
     def allocate_cached(self, req: Request, hit: list[int], num_tokens: int) -> bool:

@@ -177,7 +177,7 @@ class PrefixCachingKV(KVCacheManager):
     the free pool, eviction and registration."""
 
     __slots__ = ("_arrays", "_committed", "_index", "_last_hit", "_last_lookup", "_ref_cnt",
-                 "_registered", "_touched", "stats")
+                 "_registered", "_touched", "_unregistered", "stats")
     mode: ClassVar[str] = ""
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
@@ -186,6 +186,8 @@ class PrefixCachingKV(KVCacheManager):
         self._index = PrefixIndex(num_gpu_blocks, block_size,
                                   lambda req: prefix_spans(req, block_size))
         self._committed: dict[Request, int] = {}
+        # Holding requests with a full prompt block not indexed yet (_prompts_registered).
+        self._unregistered: set[Request] = set()
         # A holding request's block_ids as an array: [buffer, n], buffer[:n] ==
         # block_ids[:n]; blocks appended one at a time (decodes) are copied when needed.
         self._arrays: dict[Request, list[Any]] = {}
@@ -360,8 +362,15 @@ class PrefixCachingKV(KVCacheManager):
         that its next decode block needs no registration. Not so for a prompt whose last
         chunk filled its last block without taking a new one: allocate_up_to indexes that
         block at the request's first decode, as the step-by-step path does."""
-        committed, bs = self._committed, self.block_size
-        return all(committed.get(r, 0) >= r.num_prompt_tokens // bs for r in requests)
+        return self._unregistered.isdisjoint(requests)
+
+    def _committed_to(self, req: Request, full: int) -> None:
+        """``req``'s first ``full`` blocks are indexed (or, at admission, its hit)."""
+        self._committed[req] = full
+        if full >= req.num_prompt_tokens // self.block_size:
+            self._unregistered.discard(req)
+        else:
+            self._unregistered.add(req)
 
     def _release(self, request: Request) -> int:
         """Before freeing: index every computed full block not indexed yet (decode
@@ -371,12 +380,13 @@ class PrefixCachingKV(KVCacheManager):
         if full > self._committed.get(request, 0):
             self._register(request, full)
         self._index.forget(request)
+        self._unregistered.discard(request)
         return self._committed.pop(request, 0)
 
     def _admitted(self, req: Request, hit: list[int]) -> None:
         """Book-keeping of an admission with ``hit``: its blocks are registered already,
         its computed tokens start at the hit."""
-        self._committed[req] = len(hit)
+        self._committed_to(req, len(hit))
         self._last_lookup.pop(req, None)
         n = len(hit) * self.block_size
         req.num_computed_tokens = n

@@ -110,7 +110,7 @@ class PrefixIndex:
         self._pos[req] = (self.epoch, k, pos, tail, starts[-1] if starts else 0)
         return pos[start:n]
 
-    def _fixed(self, req: Request, slots: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    def _fixed(self, req: Request, slots: tuple[list[int], list[int]]) -> np.ndarray:
         """Positions of a request whose slots were fixed before the run
         (sim/prefix_slots.py: ``slots`` are its runs, first positions and lengths); kept
         as ``positions`` keeps them. Such slots are never renumbered, and the arena
@@ -118,17 +118,18 @@ class PrefixIndex:
         assert not self._dynamic, "fixed slots in an index that made slots of its own"
         starts, lens = slots
         if len(starts) == 1:
-            s = int(starts[0])
-            pos = np.arange(s, s + int(lens[0]), dtype=np.int64)
+            s = starts[0]
+            pos = np.arange(s, s + lens[0], dtype=np.int64)
+            end = s + lens[0]
         else:
-            cum = np.cumsum(lens)
-            pos = np.arange(int(cum[-1]), dtype=np.int64) + np.repeat(starts - (cum - lens), lens)
-        end = int((starts + lens).max())
+            pos = np.concatenate([np.arange(s, s + k, dtype=np.int64)
+                                  for s, k in zip(starts, lens, strict=True)])
+            end = max(map(int.__add__, starts, lens))
         if end > len(self.arena):
             arena = np.zeros(max(end, 2 * len(self.arena)), np.int64)
             arena[:len(self.arena)] = self.arena
             self.arena = arena
-        self._pos[req] = (self.epoch, 0, pos, len(pos) - int(lens[-1]), int(starts[-1]))
+        self._pos[req] = (self.epoch, 0, pos, len(pos) - lens[-1], starts[-1])
         return pos
 
     def _runs(self, spans: Spans, first: int, start: int, n: int

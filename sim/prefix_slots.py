@@ -52,13 +52,16 @@ class PrefixSlotTable:
 
     def __init__(self, run_start: np.ndarray, run_len: np.ndarray, offsets: np.ndarray,
                  num_slots: int) -> None:
-        self._run_start, self._run_len, self._off = run_start, run_len, offsets
+        # Lists: a request's runs are read once, as Python ints.
+        self._run_start: list[int] = run_start.tolist()
+        self._run_len: list[int] = run_len.tolist()
+        self._off: list[int] = offsets.tolist()
         self.num_slots = num_slots
 
     def __len__(self) -> int:
         return len(self._off) - 1
 
-    def runs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def runs(self, i: int) -> tuple[list[int], list[int]]:
         """Row ``i``'s runs of positions: (first positions, lengths), in block order."""
         a, b = self._off[i], self._off[i + 1]
         return self._run_start[a:b], self._run_len[a:b]
@@ -110,14 +113,24 @@ class PrefixSlotTable:
         j0[offsets[:-1]] = 0
         keep = j1 > j0
         chains, size, row = chains[keep], (j1 - j0)[keep], row[keep]
-        # One extent a chain, as large as its largest span, in order of first meeting.
-        uniq, first_at, inv = np.unique(chains, return_index=True, return_inverse=True)
-        slots = np.zeros(len(uniq), np.int64)
-        np.maximum.at(slots, inv, size)
-        met = np.argsort(first_at, kind="stable")
-        base = np.empty(len(uniq), np.int64)
-        base[met] = 1 + np.cumsum(slots[met]) - slots[met]
-        start = base[inv]
+        # One extent a chain, as large as its largest span, in order of first meeting:
+        # chains grouped by one sort, each group ranked by where it first occurs.
+        m = len(chains)
+        order = np.argsort(chains)
+        grouped = chains[order]
+        opens = np.ones(m, bool)
+        opens[1:] = grouped[1:] != grouped[:-1]
+        groups = np.flatnonzero(opens)
+        inv = np.empty(m, np.int64)
+        inv[order] = np.cumsum(opens) - 1
+        first_at = np.minimum.reduceat(order, groups) if m else groups
+        slots = np.maximum.reduceat(size[order], groups) if m else groups
+        is_first = np.zeros(m, bool)
+        is_first[first_at] = True
+        rank = (np.cumsum(is_first) - 1)[first_at]
+        ranked = np.empty(len(groups), np.int64)
+        ranked[rank] = slots
+        start = (1 + np.cumsum(ranked) - ranked)[rank][inv]
         # Runs: a row's spans merged where one continues the previous.
         cont = np.zeros(len(start), bool)
         cont[1:] = (row[1:] == row[:-1]) & (start[1:] == start[:-1] + size[:-1])
@@ -125,7 +138,7 @@ class PrefixSlotTable:
         run_len = np.add.reduceat(size, heads) if len(heads) else np.zeros(0, np.int64)
         run_off = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(row[heads], minlength=n), out=run_off[1:])
-        return cls(start[heads], run_len, run_off, int(slots.sum()))
+        return cls(start[heads], run_len, run_off, int(ranked.sum()))
 
     @classmethod
     def for_workload(cls, num_prompt_tokens: np.ndarray, output_len: np.ndarray,

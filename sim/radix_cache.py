@@ -192,7 +192,7 @@ class RadixCache(PrefixCachingKV):
             self._parent[run[0]] = parent
             self._children[end] = 0
             self._children[parent] += 1
-        self._committed[req] = full
+        self._committed_to(req, full)
         return True
 
     def _adopt(self, req: Request, nodes: list[int], start: int) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 
 class RequestStatus(enum.Enum):
@@ -70,7 +69,7 @@ class Request:
     prefix_spans: list[int] | None = None
     # Or its blocks' slots fixed for the whole workload before the run, as runs (first
     # positions, lengths) of the prefix index's arena (sim/prefix_slots.py).
-    prefix_slots: tuple[Any, Any] | None = None
+    prefix_slots: tuple[list[int], list[int]] | None = None
     # Prompt tokens found in the prefix cache at the first admission (vLLM's name).
     num_cached_tokens: int = 0
 
