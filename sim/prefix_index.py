@@ -110,25 +110,22 @@ class PrefixIndex:
         self._pos[req] = (self.epoch, k, pos, tail, starts[-1] if starts else 0)
         return pos[start:n]
 
-    def _fixed(self, req: Request, slots: tuple[list[int], list[int]]) -> np.ndarray:
+    def _fixed(self, req: Request, slots: tuple[list[int], list[int], int]) -> np.ndarray:
         """Positions of a request whose slots were fixed before the run
-        (sim/prefix_slots.py: ``slots`` are its runs, first positions and lengths); kept
-        as ``positions`` keeps them. Such slots are never renumbered, and the arena
-        grows to hold them; an index serves requests of one kind only."""
+        (sim/prefix_slots.py: ``slots`` are its runs, first positions and lengths, and
+        the number of slots of the whole workload, which the arena is sized to once);
+        kept as ``positions`` keeps them. Such slots are never renumbered; an index
+        serves requests of one kind only."""
         assert not self._dynamic, "fixed slots in an index that made slots of its own"
-        starts, lens = slots
+        starts, lens, num_slots = slots
+        if num_slots >= len(self.arena):
+            self.arena = np.zeros(num_slots + 1, np.int64)
         if len(starts) == 1:
             s = starts[0]
             pos = np.arange(s, s + lens[0], dtype=np.int64)
-            end = s + lens[0]
         else:
             pos = np.concatenate([np.arange(s, s + k, dtype=np.int64)
                                   for s, k in zip(starts, lens, strict=True)])
-            end = max(map(int.__add__, starts, lens))
-        if end > len(self.arena):
-            arena = np.zeros(max(end, 2 * len(self.arena)), np.int64)
-            arena[:len(self.arena)] = self.arena
-            self.arena = arena
         self._pos[req] = (self.epoch, 0, pos, len(pos) - lens[-1], starts[-1])
         return pos
 

@@ -22,7 +22,7 @@ computed by numpy rather than Python's tuple hash.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain as chained
 
 import numpy as np
@@ -32,6 +32,7 @@ from sim.prefix_cache import MOONCAKE_BLOCK_TOKENS, answer_segment_id, unique_se
 _ROOT = np.uint64(0x5E12E51)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
+_BIG = 1 << 63
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -61,10 +62,11 @@ class PrefixSlotTable:
     def __len__(self) -> int:
         return len(self._off) - 1
 
-    def runs(self, i: int) -> tuple[list[int], list[int]]:
-        """Row ``i``'s runs of positions: (first positions, lengths), in block order."""
+    def runs(self, i: int) -> tuple[list[int], list[int], int]:
+        """Row ``i``'s runs of positions: (first positions, lengths), in block order, and
+        ``num_slots`` (so that an index sizes its arena once)."""
         a, b = self._off[i], self._off[i + 1]
-        return self._run_start[a:b], self._run_len[a:b]
+        return self._run_start[a:b], self._run_len[a:b], self.num_slots
 
     @classmethod
     def from_segments(cls, seg_ids: np.ndarray, seg_tokens: np.ndarray, offsets: np.ndarray,
@@ -155,8 +157,8 @@ class PrefixSlotTable:
         answers = np.fromiter((answer_segment_id(r) for r in request_id), np.int64, n)
         if prompt_segments is not None:
             counts = np.fromiter(map(len, prompt_segments), np.int64, n)
-            flat = np.fromiter(chained.from_iterable(chained.from_iterable(prompt_segments)),
-                               np.int64, 2 * int(counts.sum()))
+            flat = _ids(chained.from_iterable(chained.from_iterable(prompt_segments)),
+                        2 * int(counts.sum()))
             ids, tokens = flat[0::2], flat[1::2]
         elif hash_ids is not None:
             ids, tokens, counts = _mooncake(hash_ids, prompt, request_id)
@@ -173,12 +175,22 @@ class PrefixSlotTable:
         return cls.from_segments(seg_ids, seg_tokens, off, block_size)
 
 
+def _ids(values: Iterable[int], count: int) -> np.ndarray:
+    """``count`` ints as int64; one outside int64 (a 64-bit unsigned hash, say) stands
+    for its Python ``hash``, as it does in ``prefix_spans``' tuple hashes."""
+    values = list(values)
+    try:
+        return np.array(values, np.int64)
+    except OverflowError:
+        return np.array([v if -_BIG <= v < _BIG else hash(v) for v in values], np.int64)
+
+
 def _mooncake(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray,
               request_id: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``mooncake_segments`` of every row, flat: ids, tokens, segments a row."""
     n, per = len(prompt), MOONCAKE_BLOCK_TOKENS
     have = np.fromiter(map(len, hash_ids), np.int64, n)
-    flat = np.fromiter(chained.from_iterable(hash_ids), np.int64, int(have.sum()))
+    flat = _ids(chained.from_iterable(hash_ids), int(have.sum()))
     k = np.minimum(have, -(-prompt // per))
     # Ids beyond the prompt are dropped: keep the first k of each row.
     pos = np.arange(len(flat)) - np.repeat(np.cumsum(have) - have, have)

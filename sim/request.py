@@ -68,8 +68,9 @@ class Request:
     # (sim/prefix_cache.py).
     prefix_spans: list[int] | None = None
     # Or its blocks' slots fixed for the whole workload before the run, as runs (first
-    # positions, lengths) of the prefix index's arena (sim/prefix_slots.py).
-    prefix_slots: tuple[list[int], list[int]] | None = None
+    # positions, lengths) of the prefix index's arena, and the workload's number of
+    # slots (sim/prefix_slots.py).
+    prefix_slots: tuple[list[int], list[int], int] | None = None
     # Prompt tokens found in the prefix cache at the first admission (vLLM's name).
     num_cached_tokens: int = 0
 
