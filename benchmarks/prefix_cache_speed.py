@@ -1,12 +1,21 @@
 """Simulation speed with prefix caching on (block, radix) against off, on the Mooncake
 conversation replay: the issue-9 target is at most 2x the time of ``--prefix-cache none``.
 
-Prints figures (no assertions): for each mode, the best CPU time (and wall time) of
-``--repeat`` in-process simulations of the same prepared workload, modes interleaved
-(loading and writing files excluded), the CPU-time ratio to ``none``, engine steps, the
-hit rate and the evictions. Usage, from the repo root:
+Prints figures (no assertions), two ways, each the best of ``--repeat`` runs with the
+modes interleaved (so a busy machine slows all alike):
+
+- in process: the CPU time (and wall time) of simulating the prepared workload
+  (``simulate_prepared``: the fixed prefix slots are computed in it; loading the trace
+  and writing files are not), its ratio to ``none``, engine steps, the hit rate and the
+  evictions;
+- end to end (``--end-to-end``, on by default for the whole trace): the wall time of a
+  fresh ``servesim run --trace ... --prefix-cache MODE`` process, as benchmarks/speed.py
+  times the runs of issue 8 (start-up, loading and writing included), and peak RSS.
+
+Usage, from the repo root:
 
     python benchmarks/prefix_cache_speed.py [--num-requests N] [--time-scale X] [--repeat R]
+        [--no-end-to-end]
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ def main() -> None:
     ap.add_argument("--gpu", default="h100-sxm")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", default="none,block,radix")
+    ap.add_argument("--end-to-end", action=argparse.BooleanOptionalAction, default=None,
+                    help="also time whole servesim run processes (default: on for the "
+                         "whole trace)")
     args = ap.parse_args()
     if not TRACE.exists():
         sys.exit(f"{TRACE} not found: the public traces live in ../shared/traces")
@@ -65,6 +77,35 @@ def main() -> None:
         print(f"{mode:6} {cpu:>7.2f} {cpu / ref:>7.2f}x {wall:>7.2f} {len(res.steps):>9,} "
               f"{'-' if hit is None else f'{hit:.1%}':>9} {pc['prefill_tokens_saved']:>12,} "
               f"{pc['evictions']:>10,}")
+    if args.end_to_end or (args.end_to_end is None and args.num_requests is None
+                           and args.time_scale is None):
+        end_to_end(args, modes)
+
+
+def end_to_end(args: argparse.Namespace, modes: list[str]) -> None:
+    """Best wall time of ``--repeat`` whole ``servesim run`` processes per mode."""
+    from speed import run_one  # benchmarks/speed.py, beside this file
+
+    flags = ["--trace", str(TRACE), "--gpu", args.gpu]
+    if args.num_requests is not None:
+        flags += ["--num-requests", str(args.num_requests)]
+    if args.time_scale is not None:
+        flags += ["--time-scale", str(args.time_scale)]
+    best: dict[str, tuple[float, float]] = {m: (float("inf"), 0.0) for m in modes}
+    walls: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(args.repeat):
+        for mode in modes:
+            got = run_one([*flags, "--prefix-cache", mode])
+            walls[mode].append(got["wall_s"])
+            best[mode] = (min(best[mode][0], got["wall_s"]), max(best[mode][1], got["rss_mb"]))
+    print(f"\nend to end (servesim run, best of {args.repeat}; all runs in brackets)")
+    print(f"{'mode':6} {'wall s':>7} {'vs none':>8} {'peak MB':>8}  runs")
+    ref = best[modes[0]][0]
+    for mode in modes:
+        wall, rss = best[mode]
+        runs = ", ".join(f"{w:.2f}" for w in walls[mode])
+        print(f"{mode:6} {wall:>7.2f} {wall / ref:>7.2f}x {rss:>8.0f}  [{runs}]")
+
 
 if __name__ == "__main__":
     main()
