@@ -189,7 +189,8 @@ def plan(
     grid and the replicas (GPUs) a target needs, confirmed by a cluster simulation; write
     capacity.md, capacity.html and plan.json."""
     from sim.backends import Executor
-    from sim.plan import SLO, PlanSpec, run_plan
+    from sim.plan import PlanSpec, run_plan
+    from sim.plan_probe import SLO
     from sim.plan_report import answer_lines, write_plan
     from sim.runner import RunConfig
     from sim.sweep import Grid

@@ -10,7 +10,16 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.cli import app
-from sim.plan import SLO, Probe, ProbeTask, SearchTask, _next_load, run_probe, search, with_load
+from sim.plan_probe import (
+    SLO,
+    Probe,
+    ProbeTask,
+    SearchTask,
+    _next_load,
+    run_probe,
+    search,
+    with_load,
+)
 from sim.runner import RunConfig
 
 runner = CliRunner()
