@@ -336,7 +336,7 @@ def render_html(grids: list[SlotGrid], *, idle_letters: bool = False) -> str:
     text rendering of each under it."""
     import html
 
-    from sim.report import page
+    from sim.html_page import page
 
     parts: list[Any] = [
         "<p>One row per batch slot, one column per engine step. Coloured cell with a letter:"

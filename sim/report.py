@@ -1,9 +1,8 @@
 """HTML reports of run directories: one self-contained file that works offline.
 
 Owns loading a run directory (config.json, summary.json, requests.csv, steps.csv), the
-report's figures and tables, and the page shell that inlines plotly.js once for every
-figure on the page (``page``, shared with the slot diagram). plotly is imported lazily,
-inside the functions that draw.
+report's figures and tables; the page shell and HTML tables are sim/html_page.py. plotly is
+imported lazily, inside the functions that draw.
 
 Size control, so a 19,366-request replay stays a few MB on top of plotly.js (~4.7 MB):
 - CDFs keep at most ``CDF_POINTS`` points of each empirical CDF: the sorted values at
@@ -29,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from sim.html_page import page, table
 
 CDF_POINTS = 1000
 TIMELINE_POINTS = 2000
@@ -279,19 +280,6 @@ def throughput_figure(runs: list[RunData]) -> Any:
 # -- tables -------------------------------------------------------------------------------
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str = "",
-           bold_rows: set[int] | None = None) -> str:
-    """An HTML table; cells are escaped here."""
-    idattr = f' id="{table_id}"' if table_id else ""
-    out = [f"<table{idattr}><thead><tr>"
-           + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>"]
-    for i, row in enumerate(rows):
-        cls = ' class="diff"' if bold_rows and i in bold_rows else ""
-        out.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
-
-
 def _flat_config(cfg: dict[str, Any]) -> dict[str, str]:
     out = {k: "-" if v is None else str(v) for k, v in cfg.items() if k != "resolved"}
     for k, v in (cfg.get("resolved") or {}).items():
@@ -307,7 +295,7 @@ def config_table(runs: list[RunData]) -> str:
             if any(f.get(k, "-") != "-" for f in flat)]
     rows = [[k, *(f.get(k, "-") for f in flat)] for k in keys]
     diff = {i for i, row in enumerate(rows) if len(set(row[1:])) > 1}
-    return _table(["setting", *(r.name for r in runs)], rows, table_id="config",
+    return table(["setting", *(r.name for r in runs)], rows, table_id="config",
                   bold_rows=diff)
 
 
@@ -325,7 +313,7 @@ def latency_table(run: RunData) -> str:
     stats = ("mean", "p50", "p90", "p95", "p99", "max")
     rows = [[label, *(_num(run.summary[key][s], scale, ",.1f" if scale > 1 else ",.3f")
                       for s in stats)] for key, label, scale in LATENCY_ROWS]
-    return _table(["metric", *stats], rows)
+    return table(["metric", *stats], rows)
 
 
 def _pick(path: str) -> Callable[[dict[str, Any]], Any]:
@@ -379,40 +367,7 @@ def headline_table(runs: list[RunData], table_id: str) -> str:
             cells = [c + " *" if v == best else c for c, v in zip(cells, vals, strict=True)]
         rows.append([label + (f" ({better} is better)" if len(runs) > 1 and better else ""),
                      *cells])
-    return _table(["metric", *(r.name for r in runs)], rows, table_id=table_id)
-
-
-# -- the page -----------------------------------------------------------------------------
-
-CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
-table{border-collapse:collapse;margin:8px 0 20px;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th:first-child,td:first-child{text-align:left}tr.diff td{font-weight:bold;background:#fff6d5}
-pre{font-size:13px;background:#f7f7f7;padding:8px;overflow-x:auto}
-.figure{margin:12px 0 28px}h2{margin-top:28px;font-size:20px}
-.row{display:flex;flex-wrap:wrap;gap:32px;align-items:flex-start}.note{font-size:12px;color:#666}"""
-
-
-def page(title: str, parts: Sequence[str | Any]) -> str:
-    """A self-contained HTML page: ``parts`` are HTML strings or plotly figures, in order.
-    plotly.js is inlined once in the head; each figure is a div and an inline script."""
-    import plotly.io as pio
-    from plotly.offline import get_plotlyjs
-
-    body = []
-    n = 0
-    for part in parts:
-        if isinstance(part, str):
-            body.append(part)
-            continue
-        n += 1
-        body.append('<div class="figure">' + pio.to_html(
-            part, full_html=False, include_plotlyjs=False, div_id=f"figure-{n}",
-            config={"displaylogo": False, "responsive": True}) + "</div>")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{CSS}</style>\n"
-            f"<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
-            f"<h1>{html.escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n")
+    return table(["metric", *(r.name for r in runs)], rows, table_id=table_id)
 
 
 def report_parts(runs: list[RunData]) -> list[str | Any]:

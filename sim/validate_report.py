@@ -5,7 +5,7 @@ Owns the tables (error table, step error, setup) and four figures: predicted aga
 measured step times (same step, same shape), the per-step error over time, per-request TTFT
 and E2E latency (simulated against real), and the CDFs of TTFT, TPOT and E2E latency of
 both runs. plotly is imported inside the drawing functions; the page shell (plotly.js
-inlined once) is sim.report.page.
+inlined once) is sim.html_page.page.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.report import COLOURS, _table, cdf_points, page
+from sim.html_page import page, table
+from sim.report import COLOURS, cdf_points
 
 PRED, MEAS = COLOURS[0], COLOURS[1]
 
@@ -30,7 +31,7 @@ def _val(x: float | None) -> str:
 def error_table_html(data: dict[str, Any]) -> str:
     rows = [[r["metric"], _val(r["predicted"]), _val(r["measured"]), _pct(r["error"])]
             for r in data["errors"]]
-    return _table(["metric", "predicted (simulation)", "measured (real run)",
+    return table(["metric", "predicted (simulation)", "measured (real run)",
                    "error (pred / meas - 1)"], rows, table_id="errors")
 
 
@@ -43,7 +44,7 @@ def step_error_html(data: dict[str, Any]) -> str:
             ["|error| p50", f"{e['p50_abs']:.1%}"], ["|error| p90", f"{e['p90_abs']:.1%}"],
             ["|error| p99", f"{e['p99_abs']:.1%}"], ["|error| max", f"{e['max_abs']:.1%}"],
             ["busy time (sum of steps)", _pct(e["busy_time_error"])]]
-    return _table(["per-step time error", "value"], rows, table_id="step-error")
+    return table(["per-step time error", "value"], rows, table_id="step-error")
 
 
 def setup_html(data: dict[str, Any]) -> str:
@@ -63,7 +64,7 @@ def setup_html(data: dict[str, Any]) -> str:
             ["same admission order", "yes" if data["same_admission_order"] else "no"],
             ["wall time (prediction / real run)",
              f"{data['wall_s']['predicted']:.1f} s / {data['wall_s']['measured']:.1f} s"]]
-    return _table(["setting", "value"], rows, table_id="setup")
+    return table(["setting", "value"], rows, table_id="setup")
 
 
 def _arr(values: list[float | None]) -> np.ndarray:
