@@ -45,7 +45,7 @@ def diagram(
 ) -> None:
     """Slot diagram: one row per batch slot, one column per step; which request holds
     each slot, whether it computed (useful), held it idle, or the slot was empty."""
-    from sim.diagram import diagram_cli
+    from sim.diagram_cli import diagram_cli
 
     try:
         diagram_cli(
