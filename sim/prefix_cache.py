@@ -24,7 +24,10 @@ tokens)``). Blocks are therefore indexed per segment: a request keeps its *spans
 (chain_k, first block, end block) per segment (``prefix_spans``, computed once, lazily:
 no token lists, no per-block hashes), and the index (sim/prefix_index.py) gives each
 (chain_k, block within it) a fixed slot, so a request's blocks map to an array of
-slots and lookups, inserts and evictions of a whole chunk are array operations. Only
+slots and lookups, inserts and evictions of a whole chunk are array operations (in a
+workload run those slots are fixed before the run, for every request at once, by
+sim/prefix_slots.py, with the same meaning: two blocks share a slot exactly when their
+chains and offsets agree). Only
 full blocks are cached, and only as far as their tokens are known
 (prompt, then sampled tokens). When bs divides 512, block j of a Mooncake prompt lies in
 Mooncake block j*bs // 512 and is named by (the Mooncake ids up to that block,

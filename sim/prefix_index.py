@@ -10,6 +10,13 @@ more of them, as a conversation's answer or a cut Mooncake block grows). A reque
 blocks thus map to an array of arena positions, ``positions(req)``, computed once per
 request: the per-segment work is done once, and a chunk's blocks are a slice of it.
 
+**Fixed slots.** A workload run fixes every block's slot before it starts
+(sim/prefix_slots.py: one numpy pass over the whole workload) and hands each request its
+runs of positions at arrival (``Request.prefix_slots``); its positions are then those
+runs laid out (``_fixed``), the arena is sized once to the workload's slots, and nothing
+is ever compacted. The per-request mapping above (with ``_make_room``) serves requests
+built by hand (tests, ``RequestListArrivals``). One index serves one kind of request.
+
 **Lazy validity.** ``arena[p]`` is the block last put at slot p, ``key[b]`` the slot
 block b is indexed at (0: none; position 0 is never a slot), and slot p holds a cached
 block exactly when ``key[arena[p]] == p``. Evicting blocks is therefore one write to
