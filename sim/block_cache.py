@@ -153,25 +153,29 @@ class BlockHashCache(PrefixCachingKV):
     def allocate_one_each(self, requests: list[Request]) -> None:
         # Decode blocks; a prompt not wholly registered yet goes through allocate_up_to.
         n = len(requests)
-        if self._nstale or not self._prompts_registered(requests):
+        if not self._prompts_registered(requests):
             for r in requests:
                 got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
                 assert got, "the caller checked the free blocks"
             return
-        ql, key, ref = self._qlist, self._index.key, self._ref_cnt
-        h = self._head
-        self._head = h + n
-        self._nfree -= n
-        if n > 8:  # a decode run's blocks (sim/decode_group.py): as arrays
-            arr = self._queue[h:h + n]
+        key, ref = self._index.key, self._ref_cnt
+        if n > 8 or self._nstale:
+            # A decode run's blocks (sim/decode_group.py), or blocks behind stale queue
+            # entries (hits on free blocks): the next n live ones, as arrays, in the order
+            # one allocate_up_to per request would take them.
+            arr, got = self._take(n)
             evicted = int(np.count_nonzero(key[arr]))
             if evicted:
                 key[arr] = 0
                 self.stats.evicted_blocks += evicted
             ref[arr] = 1
-            for r, b in zip(requests, ql[h:h + n], strict=True):
+            for r, b in zip(requests, got, strict=True):
                 r.block_ids.append(b)
             return
+        ql = self._qlist
+        h = self._head
+        self._head = h + n
+        self._nfree -= n
         evicted = 0
         for r in requests:
             b = ql[h]
