@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]  # the tree measured: sim/ is imported from here
 TRACE = str(Path(__file__).resolve().parents[1].parent / "shared" / "traces"
             / "AzureLLMInferenceTrace_conv.csv")
 MATCH = ["--trace", TRACE, "--arrival", "poisson", "--rate", "5", "--num-requests", "10000",
@@ -50,7 +51,7 @@ def run_one(args: list[str]) -> dict[str, float]:
                 "file=sys.stderr)")
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", code, *args, "--out", tmp],
-                              capture_output=True, text=True,
+                              capture_output=True, text=True, cwd=ROOT,
                               env={**os.environ, "COLUMNS": "120"})
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or not (Path(tmp) / "summary.json").exists():

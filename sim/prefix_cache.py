@@ -17,17 +17,16 @@ other requests but still finds its own blocks after a preemption.
 
 **Block identity.** Engine block j covers tokens [j*bs, (j+1)*bs) and is named by every
 token before its end e = (j+1)*bs, i.e. by (the segment chain through the segment k that
-holds token e - 1, e), with ``chain_0 = hash((ROOT, 0, id_0))`` and ``chain_k+1 =
-hash((chain_k, len_k, id_k+1))`` (64-bit tuple hashes; equal chains mean equal prefixes up
-to collisions), which plays the part of vLLM's chained block hash (``hash(parent, block
-tokens)``). Blocks are therefore indexed per segment: a request keeps its *spans*,
-(chain_k, first block, end block) per segment (``prefix_spans``, computed once, lazily:
-no token lists, no per-block hashes), and the index (sim/prefix_index.py) gives each
-(chain_k, block within it) a fixed slot, so a request's blocks map to an array of
-slots and lookups, inserts and evictions of a whole chunk are array operations (in a
-workload run those slots are fixed before the run, for every request at once, by
-sim/prefix_slots.py, with the same meaning: two blocks share a slot exactly when their
-chains and offsets agree). Only
+holds token e - 1, e), with ``chain_0 = H(ROOT, 0, id_0)`` and ``chain_k+1 = H(chain_k,
+len_k, id_k+1)`` (``chain_hash``: 64-bit splitmix64 mixing; equal chains mean equal
+prefixes up to collisions), which plays the part of vLLM's chained block hash
+(``hash(parent, block tokens)``). Blocks are therefore indexed per segment: a request
+keeps its *spans*, (chain_k, first block, end block) per segment (``prefix_spans``,
+computed once, lazily: no token lists, no per-block hashes), and the index
+(sim/prefix_index.py) gives each (chain_k, block within it) a fixed slot, so a request's
+blocks map to an array of slots and lookups, inserts and evictions of a whole chunk are
+array operations. In a workload run the slots are fixed before the run, for every
+request at once, by sim/prefix_slots.py, from the same chains. Only
 full blocks are cached, and only as far as their tokens are known
 (prompt, then sampled tokens). When bs divides 512, block j of a Mooncake prompt lies in
 Mooncake block j*bs // 512 and is named by (the Mooncake ids up to that block,
@@ -62,7 +61,11 @@ from sim.request import Request
 __all__ = ["PREFIX_CACHE_MODES", "PrefixCachingKV", "make_kv"]
 #: Tokens per Mooncake ``hash_ids`` entry (FAST'25 traces).
 MOONCAKE_BLOCK_TOKENS = 512
-_ROOT = 0x5E12E51
+#: The chain before a prompt's first segment, and the constants of ``chain_hash``.
+CHAIN_ROOT = 0x5E12E51
+MIX_1, MIX_2, MIX_GOLD = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
+_INT64 = 1 << 63
 _OPEN = 1 << 62  # the answer segment's end block
 _NO_BLOCKS = np.zeros(0, np.int64)
 
@@ -100,6 +103,34 @@ def mooncake_segments(hash_ids: Sequence[int], num_prompt_tokens: int, request_i
     return out
 
 
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer on an unsigned 64-bit int (Steele, Lea and Flood, "Fast
+    splittable pseudorandom number generators", OOPSLA 2014)."""
+    x ^= x >> 30
+    x = (x * MIX_1) & _MASK
+    x ^= x >> 27
+    x = (x * MIX_2) & _MASK
+    return x ^ (x >> 31)
+
+
+def segment_key(sid: int) -> int:
+    """A segment id as the 64 bits ``chain_hash`` mixes: an int64 as its two's complement,
+    any other int (a 64-bit unsigned hash, say) by its Python ``hash``."""
+    if not -_INT64 <= sid < _INT64:
+        sid = hash(sid)
+    return sid & _MASK
+
+
+def chain_hash(chain: int, prev_tokens: int, sid: int) -> int:
+    """The chain after ``chain`` of the segment ``sid``, the previous segment holding
+    ``prev_tokens`` tokens: ``mix(mix(chain * GOLD + prev_tokens) ^ mix(key(sid) ^
+    GOLD))`` in unsigned 64-bit arithmetic, mix being splitmix64's finalizer. The same
+    function as sim/prefix_slots.py computes for a whole workload with numpy, so both
+    name blocks alike."""
+    h = _mix64((chain * MIX_GOLD + prev_tokens) & _MASK)
+    return _mix64(h ^ _mix64(segment_key(sid) ^ MIX_GOLD))
+
+
 def prefix_spans(req: Request, block_size: int) -> list[int]:
     """``req.prefix_spans``, computed on first use: for each segment (the answer last,
     open-ended) holding the end of at least one block, its chain, the first block ending
@@ -111,15 +142,15 @@ def prefix_spans(req: Request, block_size: int) -> list[int]:
     segments = req.prompt_segments or (
         (unique_segment_id(req.request_id), req.num_prompt_tokens),)
     spans = []
-    chain, prev_len, start, j0 = _ROOT, 0, 0, 0
+    chain, prev_len, start, j0 = CHAIN_ROOT, 0, 0, 0
     for sid, length in segments:
-        chain = hash((chain, prev_len, sid))
+        chain = chain_hash(chain, prev_len, sid)
         start += length
         j1 = start // block_size
         if j1 > j0:
             spans += (chain, j0, j1)
         prev_len, j0 = length, j1
-    chain = hash((chain, prev_len, answer_segment_id(req.request_id)))
+    chain = chain_hash(chain, prev_len, answer_segment_id(req.request_id))
     spans += (chain, j0, _OPEN)
     req.prefix_spans = spans
     return spans

@@ -14,8 +14,9 @@ request: the per-segment work is done once, and a chunk's blocks are a slice of 
 (sim/prefix_slots.py: one numpy pass over the whole workload) and hands each request its
 runs of positions at arrival (``Request.prefix_slots``); its positions are then those
 runs laid out (``_fixed``), the arena is sized once to the workload's slots, and nothing
-is ever compacted. The per-request mapping above (with ``_make_room``) serves requests
-built by hand (tests, ``RequestListArrivals``). One index serves one kind of request.
+is ever compacted. The per-request mapping above (with ``_make_room``) serves the rest:
+workloads whose prompts have no content (each prompt its own) and requests built by hand
+(tests, ``RequestListArrivals``). One index serves one kind of request.
 
 **Lazy validity.** ``arena[p]`` is the block last put at slot p, ``key[b]`` the slot
 block b is indexed at (0: none; position 0 is never a slot), and slot p holds a cached
@@ -98,7 +99,9 @@ class PrefixIndex:
                 return got[2][start:n]
             old, first = got[2], got[1]
         elif req.prefix_slots is not None:
-            return self._fixed(req, req.prefix_slots)[start:n]
+            pos = self._fixed(req, req.prefix_slots)
+            assert len(pos) >= n, "a block past the request's fixed slots"
+            return pos[start:n]
         else:
             old, first = _EMPTY, 0
         assert req.prefix_slots is None, "a block past the request's fixed slots"
@@ -127,6 +130,9 @@ class PrefixIndex:
         starts, lens, num_slots = slots
         if num_slots >= len(self.arena):
             self.arena = np.zeros(num_slots + 1, np.int64)
+        if not starts:  # no block ends in its prompt or answer
+            self._pos[req] = (self.epoch, 0, _EMPTY, 0, 0)
+            return _EMPTY
         if len(starts) == 1:
             s = starts[0]
             pos = np.arange(s, s + lens[0], dtype=np.int64)
@@ -316,10 +322,12 @@ class PrefixIndex:
         return False
 
     def index_new(self, req: Request, start: int, blocks: np.ndarray) -> bool:
-        """Index ``blocks`` as ``req``'s blocks from ``start`` when that is where its
-        last segment begins (its answer, open-ended: indexed at release) and no request
-        met that chain before: one new extent, written as slices, nothing to check.
-        False, and nothing done, otherwise."""
+        """Index ``blocks`` as ``req``'s blocks from ``start`` when nothing can be there
+        yet, as slices: with slots made here, when that is where its last segment begins
+        (its answer, open-ended: indexed at release) and no request met that chain before
+        (one new extent); with fixed slots, when the blocks lie in its last run of
+        positions and none of those slots was ever written. False, and nothing done,
+        otherwise."""
         got = self._pos.get(req)
         if req.prefix_slots is not None:  # fixed slots: write them if never written
             stop = start + len(blocks)

@@ -6,18 +6,18 @@ A prefix cache names a request's block by its *slot*: (the segment chain the blo
 in, its index there); see sim/prefix_cache.py. Made at a request's first lookup, that
 costs a Python loop over its segments, a dict entry per chain and arrays of its slots,
 about 40 µs a Mooncake request, which is most of what a cache adds to a replay. Here the
-whole workload's chains are computed by numpy, one pass per segment position, numbered,
-and given fixed positions: a chain's slots are as many as the most blocks any request
-ends in it (so one extent each), and chains take positions in the order requests first
-meet them (so a new prompt's blocks, and its answer's after them, are mostly one run).
-A request then carries its positions as a few runs (``PrefixSlotTable.runs``); the index
-never renumbers them (no compaction, no dict).
+whole workload's chains are computed by numpy, one pass per segment position
+(``segment_chains``: the same values as ``chain_hash`` gives ``prefix_spans``), grouped
+by one sort and given fixed positions: a chain's slots are as many as the most blocks
+any request ends in it (so one extent each), and chains take positions in the order
+requests first meet them (so a new prompt's blocks, and its answer's after them, are
+mostly one run). A request then carries its positions as a few runs
+(``PrefixSlotTable.runs``); the index never renumbers them (no compaction, no dict).
 
-The chains equal those of ``prefix_spans`` in meaning (two blocks share a slot exactly
-when their requests agree on every token up to the block's end), not in value: they are
-64-bit mixes of (previous chain, previous segment's tokens, segment id) by splitmix64
-(Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014),
-computed by numpy rather than Python's tuple hash.
+Memory: the table holds about three runs a row (two int64 each); an index's arena holds
+one int64 per slot, that is per distinct (chain, block) of the workload: 5.9 million
+(47 MB) for the Mooncake conversation trace at block_size 16, sixteen times that at
+block_size 1.
 """
 
 from __future__ import annotations
@@ -27,11 +27,17 @@ from itertools import chain as chained
 
 import numpy as np
 
-from sim.prefix_cache import MOONCAKE_BLOCK_TOKENS, answer_segment_id, unique_segment_id
+from sim.prefix_cache import (
+    CHAIN_ROOT,
+    MIX_1,
+    MIX_2,
+    MIX_GOLD,
+    MOONCAKE_BLOCK_TOKENS,
+    answer_segment_id,
+    unique_segment_id,
+)
 
-_ROOT = np.uint64(0x5E12E51)
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_ROOT, _M1, _M2, _GOLD = (np.uint64(x) for x in (CHAIN_ROOT, MIX_1, MIX_2, MIX_GOLD))
 _BIG = 1 << 63
 
 
@@ -44,29 +50,89 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def segment_chains(seg_ids: np.ndarray, seg_tokens: np.ndarray,
+                   offsets: np.ndarray) -> np.ndarray:
+    """Every segment's chain (uint64, flat like ``seg_ids``): ``chain_hash`` of the row's
+    previous chain (``CHAIN_ROOT`` first), the previous segment's tokens (0 first) and
+    the segment's id, computed one segment position at a time over the rows that reach
+    it (rows in order of decreasing segment count, so the active ones are a prefix)."""
+    nseg = np.diff(offsets)
+    n = len(nseg)
+    chains = np.empty(len(seg_ids), np.uint64)
+    order = np.argsort(-nseg, kind="stable")
+    first = offsets[:-1][order]
+    prev = np.full(n, _ROOT, np.uint64)
+    prev_tokens = np.zeros(n, np.uint64)
+    keys = _mix(seg_ids.astype(np.uint64) ^ _GOLD)
+    counts = np.searchsorted(-nseg[order], -np.arange(1, int(nseg.max(initial=0)) + 1),
+                             side="right")
+    with np.errstate(over="ignore"):
+        for k, c in enumerate(counts.tolist()):
+            idx = first[:c] + k
+            h = _mix(_mix(prev[:c] * _GOLD + prev_tokens[:c]) ^ keys[idx])
+            chains[idx] = h
+            prev[:c] = h
+            prev_tokens[:c] = seg_tokens[idx].astype(np.uint64)
+    return chains
+
+
+def _block_ends(seg_tokens: np.ndarray, offsets: np.ndarray,
+                block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks ending in each segment, [j0, j1), as ``prefix_spans`` cuts them."""
+    nseg = np.diff(offsets)
+    end = np.cumsum(seg_tokens)
+    end -= np.repeat(end[offsets[:-1]] - seg_tokens[offsets[:-1]], nseg)
+    j1 = end // block_size
+    j0 = np.empty_like(j1)
+    j0[1:] = j1[:-1]
+    j0[offsets[:-1]] = 0
+    return j0, j1
+
+
+def _layout(chains: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each span's first position, and the slots in all: a chain gets one extent as large
+    as its largest span, chains in the order spans first meet them. Chains are grouped
+    by one sort, each group ranked by where it first occurs."""
+    m = len(chains)
+    if not m:
+        return np.zeros(0, np.int64), 0
+    order = np.argsort(chains)
+    grouped = chains[order]
+    opens = np.ones(m, bool)
+    opens[1:] = grouped[1:] != grouped[:-1]
+    groups = np.flatnonzero(opens)
+    inv = np.empty(m, np.int64)
+    inv[order] = np.cumsum(opens) - 1
+    first_at = np.minimum.reduceat(order, groups)
+    slots = np.maximum.reduceat(size[order], groups)
+    is_first = np.zeros(m, bool)
+    is_first[first_at] = True
+    rank = (np.cumsum(is_first) - 1)[first_at]
+    ranked = np.empty(len(groups), np.int64)
+    ranked[rank] = slots
+    return (1 + np.cumsum(ranked) - ranked)[rank][inv], int(ranked.sum())
+
+
 class PrefixSlotTable:
     """The slot runs of every workload row: row i's blocks, prompt then answer, lie at
-    arena positions ``runs(i)`` (first positions, lengths; int64 arrays), positions 1 to
-    ``num_slots`` (0 is no slot). Build with ``from_segments`` or ``for_workload``."""
+    arena positions ``runs(i)`` (first positions, lengths), positions 1 to ``num_slots``
+    (0 is no slot). Build with ``from_segments`` or ``for_workload``."""
 
     __slots__ = ("_off", "_run_len", "_run_start", "num_slots")
 
     def __init__(self, run_start: np.ndarray, run_len: np.ndarray, offsets: np.ndarray,
                  num_slots: int) -> None:
-        # Lists: a request's runs are read once, as Python ints.
-        self._run_start: list[int] = run_start.tolist()
-        self._run_len: list[int] = run_len.tolist()
-        self._off: list[int] = offsets.tolist()
+        self._run_start, self._run_len, self._off = run_start, run_len, offsets
         self.num_slots = num_slots
 
     def __len__(self) -> int:
         return len(self._off) - 1
 
     def runs(self, i: int) -> tuple[list[int], list[int], int]:
-        """Row ``i``'s runs of positions: (first positions, lengths), in block order, and
-        ``num_slots`` (so that an index sizes its arena once)."""
-        a, b = self._off[i], self._off[i + 1]
-        return self._run_start[a:b], self._run_len[a:b], self.num_slots
+        """Row ``i``'s runs of positions: (first positions, lengths) as lists, in block
+        order, and ``num_slots`` (so that an index sizes its arena once)."""
+        a, b = int(self._off[i]), int(self._off[i + 1])
+        return self._run_start[a:b].tolist(), self._run_len[a:b].tolist(), self.num_slots
 
     @classmethod
     def from_segments(cls, seg_ids: np.ndarray, seg_tokens: np.ndarray, offsets: np.ndarray,
@@ -76,63 +142,30 @@ class PrefixSlotTable:
         token count: the most tokens the request generates). A row's blocks are those
         ending in one of its segments, as ``prefix_spans`` cuts them.
 
-        Raises ValueError when a token count is < 1 or the offsets do not fit."""
+        Raises ValueError (one line naming the field) for block_size < 1, ids and token
+        counts of different lengths, offsets that do not rise from 0 to the number of
+        segments by at least 1 a row, or a token count < 1."""
         seg_ids = np.asarray(seg_ids, np.int64)
         seg_tokens = np.asarray(seg_tokens, np.int64)
         offsets = np.asarray(offsets, np.int64)
+        if int(block_size) != block_size or block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        if len(seg_tokens) != len(seg_ids):
+            raise ValueError(f"segments: {len(seg_ids)} ids but {len(seg_tokens)} token "
+                             "counts")
         n = len(offsets) - 1
-        if n < 0 or offsets[0] != 0 or offsets[-1] != len(seg_ids) or len(seg_tokens) != len(
-                seg_ids) or (np.diff(offsets) < 1).any():
-            raise ValueError("segments: offsets must rise from 0 to the number of segments")
+        if (n < 0 or offsets[0] != 0 or offsets[-1] != len(seg_ids)
+                or (np.diff(offsets) < 1).any()):
+            raise ValueError("segments: offsets must rise from 0 to the number of segments, "
+                             "by at least 1 a row")
         if len(seg_tokens) and seg_tokens.min() < 1:
             raise ValueError("segments: every segment must hold >= 1 token")
-        nseg = np.diff(offsets)
-        row = np.repeat(np.arange(n), nseg)
-        # Chains, one segment position at a time over the rows that reach it (rows in
-        # order of decreasing segment count, so the active ones are a prefix).
-        chains = np.empty(len(seg_ids), np.uint64)
-        order = np.argsort(-nseg, kind="stable")
-        first = offsets[:-1][order]
-        prev = np.full(n, _ROOT, np.uint64)
-        prev_tokens = np.zeros(n, np.uint64)
-        mixed_ids = _mix(seg_ids.astype(np.uint64) ^ _GOLD)
-        counts = np.searchsorted(-nseg[order], -np.arange(1, int(nseg.max(initial=0)) + 1),
-                                 side="right")
-        with np.errstate(over="ignore"):
-            for k, c in enumerate(counts.tolist()):
-                idx = first[:c] + k
-                h = _mix(prev[:c] * _GOLD + prev_tokens[:c]) ^ mixed_ids[idx]
-                h = _mix(h)
-                chains[idx] = h
-                prev[:c] = h
-                prev_tokens[:c] = seg_tokens[idx].astype(np.uint64)
-        # Blocks ending in each segment: [j0, j1).
-        end = np.cumsum(seg_tokens)
-        end -= np.repeat(end[offsets[:-1]] - seg_tokens[offsets[:-1]], nseg)
-        j1 = end // block_size
-        j0 = np.empty_like(j1)
-        j0[1:] = j1[:-1]
-        j0[offsets[:-1]] = 0
+        chains = segment_chains(seg_ids, seg_tokens, offsets)
+        j0, j1 = _block_ends(seg_tokens, offsets, block_size)
         keep = j1 > j0
-        chains, size, row = chains[keep], (j1 - j0)[keep], row[keep]
-        # One extent a chain, as large as its largest span, in order of first meeting:
-        # chains grouped by one sort, each group ranked by where it first occurs.
-        m = len(chains)
-        order = np.argsort(chains)
-        grouped = chains[order]
-        opens = np.ones(m, bool)
-        opens[1:] = grouped[1:] != grouped[:-1]
-        groups = np.flatnonzero(opens)
-        inv = np.empty(m, np.int64)
-        inv[order] = np.cumsum(opens) - 1
-        first_at = np.minimum.reduceat(order, groups) if m else groups
-        slots = np.maximum.reduceat(size[order], groups) if m else groups
-        is_first = np.zeros(m, bool)
-        is_first[first_at] = True
-        rank = (np.cumsum(is_first) - 1)[first_at]
-        ranked = np.empty(len(groups), np.int64)
-        ranked[rank] = slots
-        start = (1 + np.cumsum(ranked) - ranked)[rank][inv]
+        size = (j1 - j0)[keep]
+        row = np.repeat(np.arange(n), np.diff(offsets))[keep]
+        start, num_slots = _layout(chains[keep], size)
         # Runs: a row's spans merged where one continues the previous.
         cont = np.zeros(len(start), bool)
         cont[1:] = (row[1:] == row[:-1]) & (start[1:] == start[:-1] + size[:-1])
@@ -140,7 +173,7 @@ class PrefixSlotTable:
         run_len = np.add.reduceat(size, heads) if len(heads) else np.zeros(0, np.int64)
         run_off = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(row[heads], minlength=n), out=run_off[1:])
-        return cls(start[heads], run_len, run_off, int(ranked.sum()))
+        return cls(start[heads], run_len, run_off, num_slots)
 
     @classmethod
     def for_workload(cls, num_prompt_tokens: np.ndarray, output_len: np.ndarray,
@@ -157,8 +190,7 @@ class PrefixSlotTable:
         answers = np.fromiter((answer_segment_id(r) for r in request_id), np.int64, n)
         if prompt_segments is not None:
             counts = np.fromiter(map(len, prompt_segments), np.int64, n)
-            flat = _ids(chained.from_iterable(chained.from_iterable(prompt_segments)),
-                        2 * int(counts.sum()))
+            flat = _ids(chained.from_iterable(chained.from_iterable(prompt_segments)))
             ids, tokens = flat[0::2], flat[1::2]
         elif hash_ids is not None:
             ids, tokens, counts = _mooncake(hash_ids, prompt, request_id)
@@ -175,9 +207,9 @@ class PrefixSlotTable:
         return cls.from_segments(seg_ids, seg_tokens, off, block_size)
 
 
-def _ids(values: Iterable[int], count: int) -> np.ndarray:
-    """``count`` ints as int64; one outside int64 (a 64-bit unsigned hash, say) stands
-    for its Python ``hash``, as it does in ``prefix_spans``' tuple hashes."""
+def _ids(values: Iterable[int]) -> np.ndarray:
+    """Ints as int64; one outside int64 (a 64-bit unsigned hash, say) stands for its
+    Python ``hash``, as ``segment_key`` reads it."""
     values = list(values)
     try:
         return np.array(values, np.int64)
@@ -190,7 +222,7 @@ def _mooncake(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray,
     """``mooncake_segments`` of every row, flat: ids, tokens, segments a row."""
     n, per = len(prompt), MOONCAKE_BLOCK_TOKENS
     have = np.fromiter(map(len, hash_ids), np.int64, n)
-    flat = _ids(chained.from_iterable(hash_ids), int(have.sum()))
+    flat = _ids(chained.from_iterable(hash_ids))
     k = np.minimum(have, -(-prompt // per))
     # Ids beyond the prompt are dropped: keep the first k of each row.
     pos = np.arange(len(flat)) - np.repeat(np.cumsum(have) - have, have)

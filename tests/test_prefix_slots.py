@@ -18,12 +18,14 @@ from policies import get_policy_class
 from scenarios.workload import Workload
 from sim.config import SchedulerConfig
 from sim.prefix_cache import (
+    CHAIN_ROOT,
     answer_segment_id,
+    chain_hash,
     mooncake_segments,
     prefix_spans,
     unique_segment_id,
 )
-from sim.prefix_slots import PrefixSlotTable
+from sim.prefix_slots import PrefixSlotTable, _ids, segment_chains
 from sim.request import Request
 from sim.runner import RunConfig, prepare, simulate_prepared
 from sim.simulate import simulate
@@ -231,6 +233,47 @@ def test_bad_segments_are_refused(ids: list[int], tokens: list[int], offsets: li
                                   message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PrefixSlotTable.from_segments(np.array(ids), np.array(tokens), np.array(offsets), 4)
+
+
+def test_bad_block_size_and_lengths_are_refused() -> None:
+    ids, tokens, off = np.array([1, 2]), np.array([3, 4]), np.array([0, 1, 2])
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1, got 0"):
+        PrefixSlotTable.from_segments(ids, tokens, off, 0)
+    with pytest.raises(ValueError, match="2 ids but 1 token counts"):
+        PrefixSlotTable.from_segments(ids, tokens[:1], off, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.one_of(st.integers(-2**63, 2**63 - 1),
+                                             st.sampled_from([-1, -2, 5, 5 + 2**61 - 1,
+                                                              2**64 + 3, -2**70])),
+                                   st.integers(1, 10**6)), min_size=1, max_size=6),
+                min_size=1, max_size=5))
+def test_chains_are_chain_hash_in_bulk(rows: list[list[tuple[int, int]]]) -> None:
+    """segment_chains (numpy, the whole workload) gives every segment the value that
+    chain_hash (Python, one request) gives it in prefix_spans, ids outside int64 and ids
+    Python's hash would merge (-1 and -2; v and v + 2^61 - 1) included."""
+    ids = _ids(s for r in rows for s, _ in r)
+    tokens = np.array([n for r in rows for _, n in r], np.int64)
+    off = np.cumsum([0] + [len(r) for r in rows])
+    got = segment_chains(ids, tokens, off).tolist()
+    want = []
+    for r in rows:
+        chain, prev = CHAIN_ROOT, 0
+        for sid, n in r:
+            chain = chain_hash(chain, prev, sid)
+            want.append(chain)
+            prev = n
+    assert got == want
+
+
+def test_ids_python_hash_would_merge_stay_apart() -> None:
+    """hash(-1) == hash(-2) and hash(v) == hash(v + 2**61 - 1) in Python; chains keep them
+    apart (both paths: the table computes the same chain_hash)."""
+    assert chain_hash(CHAIN_ROOT, 0, -1) != chain_hash(CHAIN_ROOT, 0, -2)
+    assert chain_hash(CHAIN_ROOT, 0, 5) != chain_hash(CHAIN_ROOT, 0, 5 + 2**61 - 1)
+    t = from_rows([[(-1, 8), (9, 1)], [(-2, 8), (9, 1)]], 4)
+    assert all_runs(t) == [([1], [2]), ([3], [2])]
 
 
 def test_ids_past_int64_stand_for_their_hash() -> None:
