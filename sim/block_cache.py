@@ -8,6 +8,7 @@ docs/prefix_caching.md explains the whole.
 
 from __future__ import annotations
 
+from array import array
 from itertools import compress
 from typing import ClassVar
 
@@ -16,6 +17,8 @@ import numpy as np
 from sim.kv_cache import cdiv
 from sim.prefix_cache import PrefixCachingKV
 from sim.request import Request
+
+_SCAN = 4096  # queue entries looked ahead for the next stale one
 
 
 class BlockHashCache(PrefixCachingKV):
@@ -35,13 +38,18 @@ class BlockHashCache(PrefixCachingKV):
     The queue is an array read from ``_head`` to ``_tail``, each entry stamped with the
     free that put it there (``_qstamp``); taking a free block out of the middle (a hit)
     only changes its ``_stamp``, so the entry is skipped when the head reaches it
-    (``_nstale`` such entries wait in the queue; with none, taking blocks is a slice).
-    ``_qlist`` holds the same entries as Python ints, the ones of the freed requests'
-    block lists: a request's ``block_ids`` are slices of it, so no int is made per block
-    (``_qlist[i] == _queue[i]`` from ``_head`` to ``_tail``)."""
+    (``_nstale`` such entries wait in the queue). Taking blocks is a slice of the queue
+    up to ``_clear_to``, a bound below which no entry is stale: each free's entries are
+    one group, pushed in stamp order, whose first position (``_group_at``, counted from
+    the queue's first push: ``_base`` is what was dropped from the front) bounds a stale
+    entry of that group from below; when the head reaches the bound, the entries ahead
+    are scanned for the next stale one. ``_qlist`` holds the same entries as Python
+    ints, the ones of the freed requests' block lists: a request's ``block_ids`` are
+    slices of it, so no int is made per block (``_qlist[i] == _queue[i]`` from
+    ``_head`` to ``_tail``)."""
 
-    __slots__ = ("_head", "_nfree", "_nstale", "_qlist", "_qstamp", "_queue", "_stamp",
-                 "_stamps", "_tail")
+    __slots__ = ("_base", "_clear_to", "_group_at", "_head", "_nfree", "_nstale", "_qlist",
+                 "_qstamp", "_queue", "_stamp", "_stamps", "_tail")
     mode: ClassVar[str] = "block"
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
@@ -58,6 +66,10 @@ class BlockHashCache(PrefixCachingKV):
         self._head, self._tail = 0, n
         self._nfree = n
         self._nstale = 0
+        # By stamp: where its entries start (stamp 1: all blocks); 8 bytes a free.
+        self._group_at = array("q", [0, 0])
+        self._base = 0
+        self._clear_to = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -71,7 +83,7 @@ class BlockHashCache(PrefixCachingKV):
         """The k blocks at the head of the free queue (k <= the free blocks), as an
         array and as a list."""
         q, ql, h = self._queue, self._qlist, self._head
-        if not self._nstale:
+        if not self._nstale or self._base + h + k <= self._clear_to:
             out, out_list = q[h:h + k], ql[h:h + k]
             h += k
         else:
@@ -86,6 +98,10 @@ class BlockHashCache(PrefixCachingKV):
                 self._nstale -= m - h - len(parts[-1])
                 h = m
             out = np.concatenate(parts)
+            if self._nstale:  # the next stale entry, or a bound _SCAN entries ahead
+                end = min(h + _SCAN, self._tail)
+                ahead = np.flatnonzero(self._stamp[q[h:end]] != self._qstamp[h:end])
+                self._clear_to = self._base + h + (int(ahead[0]) if len(ahead) else end - h)
         self._head = h
         self._nfree -= k
         return out, out_list
@@ -105,16 +121,19 @@ class BlockHashCache(PrefixCachingKV):
                 arr[:t - h] = old[h:t]
                 setattr(self, name, arr)
             del self._qlist[:h]
+            self._base += h
             self._head, t = 0, t - h
         self._queue[t:t + n] = blocks
         self._qstamp[t:t + n] = stamp
+        self._group_at.append(self._base + t)
         self._qlist += blocks_list
         self._tail = t + n
 
     def allocate_up_to(self, request: Request, num_tokens: int) -> list[int] | None:
         need = cdiv(num_tokens, self.block_size) - len(request.block_ids)
         new: list[int] = []
-        if need == 1 and self._nfree and not self._nstale:  # a decode's next block
+        if need == 1 and self._nfree and (not self._nstale or self._base + self._head
+                                          < self._clear_to):  # a decode's next block
             b = self._qlist[self._head]
             self._head += 1
             self._nfree -= 1
@@ -204,6 +223,9 @@ class BlockHashCache(PrefixCachingKV):
             ref = self._ref_cnt
             if self._touched[1]:  # free blocks leave the queue: their entries go stale
                 taken = h[ref[h] == 0]
+                first = self._group_at[int(self._stamp[taken].min())]
+                if not self._nstale or first < self._clear_to:
+                    self._clear_to = first
                 self._stamp[taken] = 0
                 self._nfree -= len(taken)
                 self._nstale += len(taken)
