@@ -29,6 +29,7 @@ from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepExecutor, StepObserver
 from sim.metrics import compress_steps
+from sim.prefix_cache import mooncake_segments
 from sim.prefix_slots import PrefixSlotTable
 from sim.request import Request
 from sim.simulate import SimResult, simulate
@@ -277,21 +278,43 @@ def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
     return src, src.release
 
 
+#: Most slots fixed before a run (an int64 arena of 256 MB); a workload with more distinct
+#: (chain, block) pairs names its blocks per request, in an arena compacted as it fills.
+MAX_FIXED_SLOTS = 1 << 25
+
+
 def prompt_content(w: Workload, block_size: int) -> ContentFn | None:
     """Each request's prompt content for a prefix cache, given at arrival: the slots of
     its blocks, fixed for the whole workload in one pass before the run
     (sim/prefix_slots.py) from the workload's own ``prompt_segments`` or else its
-    Mooncake ``hash_ids`` at 512 tokens an id; None when it has neither (every prompt
-    is then its own)."""
+    Mooncake ``hash_ids`` at 512 tokens an id; past ``MAX_FIXED_SLOTS`` slots its
+    segments instead (the cache then makes its slots per request, with the same
+    results); None when it has neither (every prompt is then its own)."""
     if w.prompt_segments is None and w.hash_ids is None:
         return None
     table = PrefixSlotTable.for_workload(w.num_prompt_tokens, w.output_len, w.request_id,
                                          block_size, prompt_segments=w.prompt_segments,
                                          hash_ids=w.hash_ids)
+    if table.num_slots > MAX_FIXED_SLOTS:
+        return segments_content(w)
     runs = table.runs
 
     def content(req: Request) -> None:
         req.prefix_slots = runs(req.index)
+
+    return content
+
+
+def segments_content(w: Workload) -> ContentFn:
+    """Each request's ``prompt_segments``: the workload's own, or its Mooncake
+    ``hash_ids`` read by ``mooncake_segments``."""
+    segments, hashes = w.prompt_segments, w.hash_ids
+    prompt = w.num_prompt_tokens
+
+    def content(req: Request) -> None:
+        i = req.index
+        req.prompt_segments = (segments[i] if segments is not None else mooncake_segments(
+            hashes[i], int(prompt[i]), req.request_id))  # type: ignore[index]
 
     return content
 

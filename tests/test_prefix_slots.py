@@ -370,3 +370,23 @@ def test_fixed_slots_simulate_as_dynamic_ones(monkeypatch: pytest.MonkeyPatch, c
         for col in a:
             np.testing.assert_array_equal(a[col], b[col], err_msg=f"{table}.{col}")
     assert fixed.summary == dynamic.summary
+
+
+def test_past_the_slot_limit_blocks_are_named_per_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workload with more slots than MAX_FIXED_SLOTS hands out segments (the index then
+    makes slots per request, compacting as it fills): the same records."""
+    prep = prepare(RunConfig(scenario="multi-turn", num_requests=80, rate=40.0,
+                             prefix_cache="block", num_gpu_blocks=600, max_num_seqs=16))
+    fixed = simulate_prepared(prep)
+    monkeypatch.setattr(runner, "MAX_FIXED_SLOTS", 10)
+    content = runner.prompt_content(prep.workload, prep.config.block_size)
+    assert content is not None
+    req = Request("0", 0.0, int(prep.workload.num_prompt_tokens[0]), 1, 1, 0, 0)
+    content(req)
+    assert req.prefix_slots is None and req.prompt_segments == prep.workload.prompt_segments[0]
+    per_request = simulate_prepared(prep)
+    assert fixed.summary["prefix_cache"]["hit_tokens"] > 0
+    assert fixed.summary == per_request.summary
+    for col in fixed.request_table:
+        np.testing.assert_array_equal(fixed.request_table[col], per_request.request_table[col])
