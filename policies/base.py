@@ -176,13 +176,19 @@ class QueuePolicy:
     ) -> tuple[bool, int, int]:
         """Allocate for ``n`` more tokens of running ``req``, preempting victims
         (pick_victim) until it fits or ``req`` itself is the victim. A victim already
-        scheduled this step is unscheduled. Returns (allocated, tokens given back to the
-        budget, number of scheduled victims, which sat before ``req`` in running)."""
+        scheduled this step is unscheduled, a decode group member (given its token in
+        group_step; only the priority queue picks one) alike. Returns (allocated, tokens
+        given back to the budget, number of scheduled victims, which sat before ``req``
+        in running)."""
         returned = unscheduled = 0
+        group = self.decode_group
         while not self.allocate(req, n):
             victim = self.pick_victim()
             if victim in scheduled:
                 returned += scheduled.pop(victim)
+                unscheduled += 1
+            elif group is not None and victim in group:
+                returned += 1
                 unscheduled += 1
             self.preempt(victim)
             preempted.append(victim)
@@ -293,8 +299,9 @@ class QueuePolicy:
         return BatchPlan(list(scheduled.items()), preempted, self.running, extra_time_s=extra,
                          group=group)
 
-    # -- lazy decodes (sim/decode_group.py): opt-in for policies whose victims are
-    # always the tail of running, so group members (the head) are never preempted --
+    # -- lazy decodes (sim/decode_group.py): the group is the head of running; a member
+    # is preempted only when the victim rule reaches past the tail (the priority queue),
+    # and then counts as a scheduled request unscheduled (allocate_preempting) --
     def group_step(self, now: float) -> tuple[int, int]:
         """Grow the decode group over the head of running, then give each member its one
         token for this step: their blocks are allocated here, first, as running order

@@ -37,12 +37,11 @@ class ChunkedPolicy(QueuePolicy):
     name: ClassVar[str] = "chunked"
 
     def attach_decode_group(self, group: DecodeGroup) -> None:
-        """Opt in to lazy decodes (sim/decode_group.py) where the preemption victim is
-        always the tail of running. A prefix cache does not stand in the way: it indexes
-        decode blocks only when a request releases them (sim/prefix_cache.py), after
-        the group has brought the request up to date."""
-        if self.config.queue != "priority":
-            self.decode_group = group
+        """Opt in to lazy decodes (sim/decode_group.py). A prefix cache does not stand
+        in the way: it indexes decode blocks only when a request releases them
+        (sim/prefix_cache.py), after the group has brought the request up to date; nor
+        does the priority queue, whose victims may be members (allocate_preempting)."""
+        self.decode_group = group
 
     def steady_decode(self, now: float) -> SteadyDecode | None:
         """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""

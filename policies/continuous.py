@@ -52,11 +52,9 @@ class ContinuousPolicy(QueuePolicy):
         return super().rejection_reason(req)
 
     def attach_decode_group(self, group: DecodeGroup) -> None:
-        """Opt in to lazy decodes (sim/decode_group.py) where the preemption victim is
-        always the tail of running (a prefix cache indexes decode blocks only when a
-        request releases them, after the group has brought it up to date)."""
-        if self.config.queue != "priority":
-            self.decode_group = group
+        """Opt in to lazy decodes (sim/decode_group.py); see ChunkedPolicy's (a prefix
+        cache, the priority queue's victims)."""
+        self.decode_group = group
 
     def steady_decode(self, now: float) -> SteadyDecode | None:
         """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""

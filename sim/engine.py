@@ -172,7 +172,9 @@ class Engine:
             now = env.now
             for req in arrivals.pop_arrived(now):
                 self._admit(req)
-            if self._steady is not None:
+            if self._steady is not None and not unrecorded_preemptions:
+                # (After a plan that preempted and ran nothing, the next step is planned
+                # one by one: it records those preemptions, as the reference does.)
                 run = self._steady(now)
                 ahead = self._plan_run(run, now) if run is not None else None
                 if ahead is not None:

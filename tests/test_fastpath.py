@@ -16,6 +16,7 @@ from policies import get_policy_class
 from sim.batch import BatchShape
 from sim.config import SchedulerConfig
 from sim.engine import Engine
+from sim.request import Request
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
 from tests.conftest import make_requests
@@ -317,3 +318,35 @@ def test_same_step_finishes_release_in_running_order() -> None:
                           prefix_cache="block")
     cost = RooflineCostModel(get_model("mixtral-8x7b"), get_gpu("h200-sxm"))
     assert_workload_same(_RELEASE_WORKLOAD, cfg, cost, 77, 2)
+
+
+def test_priority_victims_in_the_decode_group_match_step_by_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the priority queue the victim is the largest (priority, arrival): here two
+    low-priority decoders at the head of running, decode group members, give way to the
+    chunks of later urgent prompts. A member preempted mid-planning is unscheduled as a
+    scheduled request would be, and a plan that preempted and ran nothing is followed
+    by a step planned one by one, which records those preemptions (a steady run did
+    not: this test fails without that rule in Engine.process). The same records as the
+    step-by-step reference."""
+    from policies.base import QueuePolicy
+
+    member_victims: list[str] = []
+    preempt = QueuePolicy.preempt
+
+    def spy(self: QueuePolicy, req: Request) -> None:
+        if self.decode_group is not None and req in self.decode_group:
+            member_victims.append(req.request_id)
+        preempt(self, req)
+
+    monkeypatch.setattr(QueuePolicy, "preempt", spy)
+    args = dict(output_lens=[40, 40, 6], prompt=[4, 4, 24], arrivals=[0.0, 0.0, 0.05],
+                priorities=[9, 9, 0])
+    assert_same(args, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=10,
+                                      queue="priority"), "chunked", 14, 4)
+    assert member_victims, "no decode group member was preempted"
+    args = dict(output_lens=[40, 40, 6, 6], prompt=[4, 4, 24, 20],
+                arrivals=[0.0, 0.0, 0.15, 0.3], priorities=[9, 9, 0, 1])
+    for policy in ("chunked", "continuous"):
+        assert_same(args, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32,
+                                          queue="priority"), policy, 16, 4)
