@@ -87,16 +87,26 @@ class BlockHashCache(PrefixCachingKV):
             out, out_list = q[h:h + k], ql[h:h + k]
             h += k
         else:
+            # Windows of the queue, each larger than the blocks still wanted by a margin
+            # that doubles (a freed request hit whole by its next turn leaves hundreds
+            # of stale entries in a row), cut after the last live entry wanted.
             qs, stamp = self._qstamp, self._stamp
             parts, out_list = [], []
+            margin = 16
             while len(out_list) < k:
-                m = h + k - len(out_list)
+                want = k - len(out_list)
+                m = min(h + want + min(margin, self._nstale), self._tail)
                 seg = q[h:m]
                 live = stamp[seg] == qs[h:m]
+                at = np.flatnonzero(live)
+                if len(at) > want:
+                    m = h + int(at[want - 1]) + 1
+                    seg, live = seg[:m - h], live[:m - h]
                 parts.append(seg[live])
                 out_list += compress(ql[h:m], live.tolist())
                 self._nstale -= m - h - len(parts[-1])
                 h = m
+                margin *= 2
             out = np.concatenate(parts)
             if self._nstale:  # the next stale entry, or a bound _SCAN entries ahead
                 end = min(h + _SCAN, self._tail)
