@@ -180,12 +180,8 @@ class BlockHashCache(PrefixCachingKV):
         return new
 
     def allocate_one_each(self, requests: list[Request]) -> None:
-        # Decode blocks; a prompt not wholly registered yet goes through allocate_up_to.
         n = len(requests)
-        if not self._prompts_registered(requests):
-            for r in requests:
-                got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
-                assert got, "the caller checked the free blocks"
+        if self._decodes_registering(requests):
             return
         key, ref = self._index.key, self._ref_cnt
         if n > 8 or self._nstale:

@@ -220,7 +220,7 @@ class PrefixCachingKV(KVCacheManager):
         self._index = PrefixIndex(num_gpu_blocks, block_size,
                                   lambda req: prefix_spans(req, block_size))
         self._committed: dict[Request, int] = {}
-        # Holding requests with a full prompt block not indexed yet (_prompts_registered).
+        # Holding requests with a full prompt block not indexed yet (_decodes_registering).
         self._unregistered: set[Request] = set()
         # A holding request's block_ids as an array: [buffer, n], buffer[:n] ==
         # block_ids[:n]; blocks appended one at a time (decodes) are copied when needed.
@@ -391,12 +391,18 @@ class PrefixCachingKV(KVCacheManager):
         what it returns: as ``PrefixIndex.index``."""
         raise NotImplementedError
 
-    def _prompts_registered(self, requests: list[Request]) -> bool:
-        """Whether every full prompt block of each of ``requests`` is indexed already, so
-        that its next decode block needs no registration. Not so for a prompt whose last
-        chunk filled its last block without taking a new one: allocate_up_to indexes that
-        block at the request's first decode, as the step-by-step path does."""
-        return self._unregistered.isdisjoint(requests)
+    def _decodes_registering(self, requests: list[Request]) -> bool:
+        """allocate_one_each's start: when a prompt of ``requests`` is not wholly indexed
+        yet (a prompt whose last chunk filled its last block without taking a new one:
+        allocate_up_to indexes that block at the request's first decode, as the
+        step-by-step path does), give each its next block through allocate_up_to and
+        return True; otherwise do nothing and return False."""
+        if self._unregistered.isdisjoint(requests):
+            return False
+        for r in requests:
+            got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
+            assert got, "the caller checked the free blocks"
+        return True
 
     def _committed_to(self, req: Request, full: int) -> None:
         """``req``'s first ``full`` blocks are indexed (or, at admission, its hit)."""

@@ -104,13 +104,9 @@ class RadixCache(PrefixCachingKV):
         return new
 
     def allocate_one_each(self, requests: list[Request]) -> None:
-        # Decode blocks; a prompt not wholly registered yet goes through allocate_up_to.
         free, ref = self._free, self._ref_cnt
         n = len(requests)
-        if not self._prompts_registered(requests):
-            for r in requests:
-                got = self.allocate_up_to(r, len(r.block_ids) * self.block_size + 1)
-                assert got, "the caller checked the free blocks"
+        if self._decodes_registering(requests):
             return
         if n > len(free):  # as one at a time: a leaf run is evicted when none is empty
             for r in requests:
