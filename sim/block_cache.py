@@ -1,9 +1,9 @@
 """vLLM's automatic prefix caching as a KV pool (``--prefix-cache block``): full blocks
 indexed by the hash chain of their content, reused at admission, kept in an LRU free
 queue after release and evicted only when a free block is reused (vLLM
-``vllm/v1/core/kv_cache_manager.py`` and ``block_pool.py``). The content model, the
-per-segment index and the base class both caches share are in sim/prefix_cache.py;
-docs/prefix_caching.md explains the whole.
+``vllm/v1/core/kv_cache_manager.py`` and ``block_pool.py``). The content model is
+sim/prefix_content.py, the block index sim/prefix_index.py and the base class both
+caches share sim/prefix_cache.py; docs/prefix_caching.md explains the whole.
 """
 
 from __future__ import annotations

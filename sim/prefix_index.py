@@ -3,7 +3,7 @@ of a prompt, found by position rather than by hash, so that a prefill chunk of h
 of blocks is looked up, indexed and evicted in a few numpy operations.
 
 **Slots.** A *slot* is one block of one segment chain: (chain, block index within the
-chain's span; see ``prefix_spans`` in sim/prefix_cache.py). Each slot has a fixed
+chain's span; see ``prefix_spans`` in sim/prefix_content.py). Each slot has a fixed
 position in one array, the arena: a chain's slots are an extent of consecutive
 positions made when a request first needs them (more extents when a later request needs
 more of them, as a conversation's answer or a cut Mooncake block grows). A request's
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from sim.request import Request
 
 #: A request's spans, flat: segment chain, first block, end block, chain, ...; see
-#: sim/prefix_cache.py.
+#: sim/prefix_content.py.
 Spans = list[int]
 _EMPTY = np.zeros(0, np.int64)
 _PROBE = 64  # lookups check this many blocks first: most prompts miss early

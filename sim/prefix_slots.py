@@ -3,7 +3,7 @@ speed): the prefix caches' slots (sim/prefix_index.py) fixed per workload instea
 found per request during the run.
 
 A prefix cache names a request's block by its *slot*: (the segment chain the block ends
-in, its index there); see sim/prefix_cache.py. Made at a request's first lookup, that
+in, its index there); see sim/prefix_content.py. Made at a request's first lookup, that
 costs a Python loop over its segments, a dict entry per chain and arrays of its slots,
 about 40 µs a Mooncake request, which is most of what a cache adds to a replay. Here the
 whole workload's chains are computed by numpy, one pass per segment position
@@ -28,7 +28,7 @@ from itertools import chain as chained
 
 import numpy as np
 
-from sim.prefix_cache import (
+from sim.prefix_content import (
     CHAIN_ROOT,
     MIX_1,
     MIX_2,

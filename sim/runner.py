@@ -29,7 +29,7 @@ from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepExecutor, StepObserver
 from sim.metrics import compress_steps
-from sim.prefix_cache import mooncake_segments
+from sim.prefix_content import mooncake_segments
 from sim.prefix_slots import PrefixSlotTable
 from sim.request import Request
 from sim.simulate import SimResult, simulate

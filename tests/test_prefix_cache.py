@@ -24,12 +24,8 @@ from sim.block_cache import BlockHashCache
 from sim.cli import app
 from sim.config import SchedulerConfig
 from sim.kv_cache import KVCacheManager
-from sim.prefix_cache import (
-    PrefixCachingKV,
-    answer_segment_id,
-    make_kv,
-    mooncake_segments,
-)
+from sim.prefix_cache import PrefixCachingKV, make_kv
+from sim.prefix_content import answer_segment_id, mooncake_segments
 from sim.prefix_index import PrefixIndex
 from sim.radix_cache import RadixCache
 from sim.request import Request

@@ -17,7 +17,7 @@ import sim.runner as runner
 from policies import get_policy_class
 from scenarios.workload import Workload
 from sim.config import SchedulerConfig
-from sim.prefix_cache import (
+from sim.prefix_content import (
     CHAIN_ROOT,
     answer_segment_id,
     chain_hash,
