@@ -82,8 +82,9 @@ class BlockHashCache(PrefixCachingKV):
     def _take(self, k: int) -> tuple[np.ndarray, list[int]]:
         """The k blocks at the head of the free queue (k <= the free blocks), as an
         array and as a list."""
+        assert k <= self._nfree, "the caller checked the free blocks"
         q, ql, h = self._queue, self._qlist, self._head
-        if not self._nstale or self._base + h + k <= self._clear_to:
+        if not self._nstale or k == 0 or self._base + h + k <= self._clear_to:
             out, out_list = q[h:h + k], ql[h:h + k]
             h += k
         else:
@@ -229,9 +230,10 @@ class BlockHashCache(PrefixCachingKV):
             ref = self._ref_cnt
             if self._touched[1]:  # free blocks leave the queue: their entries go stale
                 taken = h[ref[h] == 0]
-                first = self._group_at[int(self._stamp[taken].min())]
-                if not self._nstale or first < self._clear_to:
-                    self._clear_to = first
+                if len(taken):  # their entries' groups start at or before them
+                    first = self._group_at[int(self._stamp[taken].min())]
+                    if not self._nstale or first < self._clear_to:
+                        self._clear_to = first
                 self._stamp[taken] = 0
                 self._nfree -= len(taken)
                 self._nstale += len(taken)
@@ -279,3 +281,8 @@ class BlockHashCache(PrefixCachingKV):
         assert held + len(free) == self.num_usable_blocks, "a block is neither free nor held"
         h, t = self._head, self._tail
         assert self._qlist[h:t] == self._queue[h:t].tolist(), "queue list"
+        stale = np.flatnonzero(self._stamp[self._queue[h:t]] != self._qstamp[h:t])
+        assert len(stale) == self._nstale, "stale entries miscounted"
+        if self._nstale:
+            assert self._base + h + stale[0] >= self._clear_to, "a stale entry below the bound"
+        assert len(self._group_at) == self._stamps + 1, "a free's group start missing"
