@@ -28,6 +28,9 @@ from sim.request import Request
 
 __all__ = ["PREFIX_CACHE_MODES", "PrefixCachingKV", "make_kv"]
 _NO_BLOCKS = np.zeros(0, np.int64)
+# A lookup as long as this that finds what the request's last one found keeps its list
+# (no Python int per block made again).
+_SAME_CHECK = 32
 
 
 @dataclass(slots=True)
@@ -154,7 +157,11 @@ class PrefixCachingKV(KVCacheManager):
         else:
             found = (self._index.lookup(self._index.positions(req, limit), limit)
                      if limit > 0 else _NO_BLOCKS)
-            hit = found.tolist()
+            if (last is not None and len(found) == last[0] > _SAME_CHECK
+                    and (found == last[5]).all()):
+                hit = last[4]  # unchanged: a blocked head of waiting, asked again
+            else:
+                hit = found.tolist()
             self._last_lookup[req] = (len(hit), self._registered, self.stats.evicted_blocks,
                                       limit, hit, found)
             self._last_hit = (hit, found)

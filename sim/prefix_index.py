@@ -379,13 +379,10 @@ class PrefixIndex:
             return _EMPTY
         return self.lookup(pos, len(pos))
 
-    def evict(self, blocks: np.ndarray) -> int:
-        """Unindex ``blocks``; returns how many were indexed."""
-        key = self.key
-        n = int(np.count_nonzero(key[blocks]))
-        if n:
-            key[blocks] = 0
-        return n
+    def unindex(self, blocks: np.ndarray) -> None:
+        """Unindex ``blocks`` (indexed ones: evicted; the slots they held need no
+        clearing, as the module docstring explains)."""
+        self.key[blocks] = 0
 
     def num_cached(self) -> int:
         return int(np.count_nonzero(self.key))

@@ -227,7 +227,7 @@ class RadixCache(PrefixCachingKV):
         evicted = len(free) - first
         blocks = gone[0] if len(gone) == 1 else np.concatenate(gone)
         self._free_arr[first:len(free)] = blocks
-        self._index.evict(blocks)
+        self._index.unindex(blocks)  # a run's blocks are all nodes
         self.stats.evicted_blocks += evicted
         self._num_evictable -= evicted
         if len(heap) > 4 * self.num_gpu_blocks + 1024:
