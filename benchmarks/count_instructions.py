@@ -1,12 +1,13 @@
 """Instructions the simulation of the Mooncake replay takes with each prefix cache, counted
-by valgrind (cachegrind): a figure that stays the same from run to run, so a change worth
-1-2% shows, where wall time on a shared 2-core machine moves by 5-10%.
+by valgrind (cachegrind): a figure that moves by about 0.3% (a few million) from run to
+run, so a change worth 1-2% shows, where wall time on a shared 2-core machine moves by
+5-10%.
 
 Each figure is the instructions of a process that prepares the first ``--num-requests``
 requests of the trace and simulates them, less those of one that only prepares them;
 both run with ``PYTHONHASHSEED=0``, one BLAS thread and the garbage collector off during
 the simulation (where collections fall would otherwise move the count). Prints figures
-(no assertions); needs ``valgrind`` on the PATH. About 10 s a mode for 3,000 requests.
+(no assertions); needs ``valgrind`` on the PATH. About 20-25 s a mode for 3,000 requests.
 
 Usage, from the repo root:
 
@@ -48,10 +49,11 @@ def instructions(mode: str, n: int, simulate: bool) -> int:
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     out = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
                           "--cachegrind-out-file=/dev/null", sys.executable, "-c", code],
-                         capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+                         capture_output=True, text=True, env=env, cwd=ROOT)
     found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
-    if found is None:
-        sys.exit(f"no instruction count in valgrind's output:\n{out.stderr[-2000:]}")
+    if out.returncode or found is None:
+        sys.exit(f"valgrind run failed (exit {out.returncode}) or printed no instruction "
+                 f"count:\n{out.stderr[-2000:]}")
     return int(found.group(1).replace(",", ""))
 
 
