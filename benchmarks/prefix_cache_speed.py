@@ -10,7 +10,10 @@ modes interleaved (so a busy machine slows all alike):
   evictions;
 - end to end (``--end-to-end``, on by default for the whole trace): the wall time of a
   fresh ``servesim run --trace ... --prefix-cache MODE`` process, as benchmarks/speed.py
-  times the runs of issue 8 (start-up, loading and writing included).
+  times the runs of issue 8 (start-up, loading and writing included); best and median of
+  the repeats, and each round's ratio (a round runs every mode once, back to back).
+
+docs/prefix_caching.md (Speed) gives today's figures and where the time goes.
 
 Usage, from the repo root:
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -81,7 +85,9 @@ def main() -> None:
     verdict("in process", {m: best[m][0] for m in modes})
     if args.end_to_end or (args.end_to_end is None and args.num_requests is None
                            and args.time_scale is None):
-        verdict("end to end", end_to_end(args, modes))
+        walls = end_to_end(args, modes)
+        verdict("end to end, best", {m: min(w) for m, w in walls.items()})
+        verdict("end to end, median", {m: statistics.median(w) for m, w in walls.items()})
 
 
 def verdict(what: str, times: dict[str, float]) -> None:
@@ -93,9 +99,9 @@ def verdict(what: str, times: dict[str, float]) -> None:
     print(f"{what}: {ratios} of none; issue 9's {TARGET:g}x {'met' if met else 'not met'}")
 
 
-def end_to_end(args: argparse.Namespace, modes: list[str]) -> dict[str, float]:
-    """Best wall time of ``--repeat`` whole ``servesim run`` processes per mode,
-    printed and returned."""
+def end_to_end(args: argparse.Namespace, modes: list[str]) -> dict[str, list[float]]:
+    """Wall times of ``--repeat`` whole ``servesim run`` processes per mode (one of each
+    mode a round), printed with each round's ratios to the first mode's, and returned."""
     from speed import run_one  # benchmarks/speed.py, beside this file
 
     flags = ["--trace", str(TRACE), "--gpu", args.gpu]
@@ -109,13 +115,17 @@ def end_to_end(args: argparse.Namespace, modes: list[str]) -> dict[str, float]:
     for _ in range(args.repeat):
         for mode in modes:
             walls[mode].append(run_one([*flags, "--prefix-cache", mode])["wall_s"])
-    print(f"\nend to end (servesim run, best of {args.repeat}; all runs in brackets)")
-    print(f"{'mode':6} {'wall s':>7} {'vs none':>8}  runs")
-    ref = min(walls[modes[0]])
+    print(f"\nend to end (servesim run, {args.repeat} rounds; each round's ratio to "
+          f"{modes[0]} in brackets)")
+    print(f"{'mode':6} {'best s':>7} {'vs none':>8} {'median s':>9} {'vs none':>8}  rounds")
+    first = walls[modes[0]]
     for mode in modes:
-        runs = ", ".join(f"{w:.2f}" for w in walls[mode])
-        print(f"{mode:6} {min(walls[mode]):>7.2f} {min(walls[mode]) / ref:>7.2f}x  [{runs}]")
-    return {m: min(w) for m, w in walls.items()}
+        w = walls[mode]
+        med, med_first = statistics.median(w), statistics.median(first)
+        rounds = ", ".join(f"{a:.2f} ({a / b:.2f}x)" for a, b in zip(w, first, strict=True))
+        print(f"{mode:6} {min(w):>7.2f} {min(w) / min(first):>7.2f}x {med:>9.2f} "
+              f"{med / med_first:>7.2f}x  [{rounds}]")
+    return walls
 
 
 if __name__ == "__main__":
