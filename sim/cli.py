@@ -193,7 +193,8 @@ def run(
         help="Identical engines behind a router, simulated together.")] = 1,
     router: Annotated[str, typer.Option(
         help="How requests are spread over replicas: round-robin, least-outstanding, "
-             "least-kv.")] = "round-robin",
+             "least-kv, cache-aware (longest cached prefix, load-guarded; needs "
+             "--prefix-cache).")] = "round-robin",
     concurrency: Annotated[int | None, typer.Option(
         help="Closed loop: N users, each sending its next request when its previous one "
              "ends (instead of open-loop arrivals).")] = None,

@@ -21,6 +21,14 @@ run is deterministic):
 - ``least-kv``: lowest KV load = (blocks in use + blocks the prompts routed but not yet
   started will need) / usable blocks, i.e. the engine's KV-usage gauge plus what the
   router knows it has queued there.
+- ``cache-aware`` (needs a prefix cache): the SGLang model gateway's ``cache_aware``
+  policy, reading each replica's cache itself: least-outstanding while the load is
+  imbalanced (the BALANCE thresholds below), else the replica whose cache holds the
+  longest prefix of the prompt when that covers more than CACHE_THRESHOLD of it, else
+  least-kv.
+
+With ``--prefix-cache`` each replica has its own cache; the summary's ``prefix_cache``
+sums their statistics, and each per-replica summary has its own.
 """
 
 from __future__ import annotations
@@ -41,11 +49,19 @@ from sim.engine import Engine, ReleaseHook, Scheduler
 from sim.kv_cache import KVCacheManager
 from sim.latency_stats import ItlSamples
 from sim.metrics import Recorder, summarize
+from sim.prefix_cache import PrefixCachingKV, cache_summary, make_kv
 from sim.request import Request
 from sim.simulate import SimResult
 from sim.source import ArrivalSource, ClosedLoopArrivals
 
-ROUTERS = ("round-robin", "least-outstanding", "least-kv")
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cache-aware")
+# cache-aware: the values the SGLang model gateway (SMG) documents for its cache_aware
+# policy (docs/getting-started/load-balancing.md): route by load when the busiest and
+# the idlest replica differ by more than 64 outstanding requests and by more than 1.5x;
+# otherwise to the longest cached prefix if it covers more than 0.3 of the prompt.
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
 
 
 @dataclass(slots=True, eq=False)
@@ -124,7 +140,7 @@ class Router:
     def advance(self, now: float) -> None:
         """Route every request that has arrived by ``now``; wake idle engines it reaches."""
         for req in self.source.pop_arrived(now):
-            rep = self._choose()
+            rep = self._choose(req)
             self._count += 1
             rep.inbox.append(req)
             rep.routed.append(req.index)
@@ -165,13 +181,29 @@ class Router:
             event, rep.waking = rep.waking, None
             event.succeed()
 
-    def _choose(self) -> Replica:
+    def _choose(self, req: Request) -> Replica:
         reps = self.replicas
         if self.policy == "round-robin":
             return reps[self._count % len(reps)]
-        if self.policy == "least-outstanding":
+        if self.policy == "least-outstanding" or (
+                self.policy == "cache-aware" and self._imbalanced()):
             return min(reps, key=lambda r: (r.outstanding, len(r.routed), r.index))
+        if self.policy == "cache-aware":
+            hits = [r.kv.peek_hit_tokens(req) if isinstance(r.kv, PrefixCachingKV) else 0
+                    for r in reps]
+            best = min(reps, key=lambda r: (-hits[r.index], r.outstanding, len(r.routed),
+                                            r.index))
+            if hits[best.index] > CACHE_THRESHOLD * req.num_prompt_tokens:
+                return best
         return min(reps, key=lambda r: (r.kv_load(), r.outstanding, len(r.routed), r.index))
+
+    def _imbalanced(self) -> bool:
+        """The cache-aware router's load guard: outstanding requests of the busiest and
+        the idlest replica differ by more than BALANCE_ABS_THRESHOLD and
+        BALANCE_REL_THRESHOLD times."""
+        loads = [r.outstanding for r in self.replicas]
+        hi, lo = max(loads), min(loads)
+        return hi - lo > BALANCE_ABS_THRESHOLD and hi > BALANCE_REL_THRESHOLD * lo
 
 
 def simulate_cluster(
@@ -192,7 +224,7 @@ def simulate_cluster(
     if int(num_replicas) != num_replicas or num_replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {num_replicas!r}")
     env = simpy.Environment()
-    reps = [Replica(i, KVCacheManager(num_gpu_blocks, block_size), Recorder())
+    reps = [Replica(i, make_kv(config.prefix_cache, num_gpu_blocks, block_size), Recorder())
             for i in range(num_replicas)]
     rt = Router(env, source, reps, router)
 
@@ -231,7 +263,8 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
         steps = rep.recorder.step_columns()
         itl = rep.recorder.itl_samples()
         per_replica.append({"replica": rep.index, "num_routed": len(rep.routed),
-                            **summarize(req, steps, itl, **kw)})
+                            **summarize(req, steps, itl, **kw),
+                            "prefix_cache": cache_summary([rep.kv], block_size)})
         req_tables.append(_with_replica(req, rep.index))
         step_tables.append(_with_replica(steps, rep.index))
         itls.append(itl)
@@ -244,6 +277,7 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     steps = {c: v[by_start] for c, v in steps.items()}
     itl_all = ItlSamples.concat(itls)
     summary = summarize(requests, steps, itl_all, **kw)
+    summary["prefix_cache"] = cache_summary([r.kv for r in reps], block_size)
     summary["replicas"] = per_replica
     return SimResult(requests, steps, itl_all, summary)
 

@@ -15,7 +15,8 @@ schedules only the rest and the cost model prices the prefill over the cached co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,7 +27,7 @@ from sim.prefix_content import prefix_spans
 from sim.prefix_index import PrefixIndex
 from sim.request import Request
 
-__all__ = ["PREFIX_CACHE_MODES", "PrefixCachingKV", "make_kv"]
+__all__ = ["PREFIX_CACHE_MODES", "PrefixCachingKV", "cache_summary", "make_kv"]
 _NO_BLOCKS = np.zeros(0, np.int64)
 # A lookup as long as this that finds what the request's last one found keeps its list
 # (no Python int per block made again).
@@ -79,6 +80,20 @@ def prefix_cache_summary(mode: str, stats: PrefixCacheStats | None,
         "preempted_queried_tokens": s.readmission_queried_tokens,
         "preempted_hit_tokens": s.readmission_hit_tokens,
     }
+
+
+def cache_summary(kvs: Sequence[KVCacheManager], block_size: int) -> dict[str, Any]:
+    """summary.json's ``prefix_cache`` over the pools of a run: one engine's, or a
+    cluster's replicas' with their statistics summed (so the hit rate is the cluster's
+    cached over looked-up tokens); mode "none" when the pools cache nothing."""
+    caches = [kv for kv in kvs if isinstance(kv, PrefixCachingKV)]
+    if not caches:
+        return prefix_cache_summary("none", None, block_size)
+    total = PrefixCacheStats()
+    for kv in caches:
+        for f in fields(total):
+            setattr(total, f.name, getattr(total, f.name) + getattr(kv.stats, f.name))
+    return prefix_cache_summary(caches[0].mode, total, block_size)
 
 
 class PrefixCachingKV(KVCacheManager):
@@ -167,6 +182,20 @@ class PrefixCachingKV(KVCacheManager):
             self._last_hit = (hit, found)
         self._touched = (None, 0)
         return hit
+
+    def peek_hit_tokens(self, req: Request) -> int:
+        """Tokens of ``req``'s prompt a lookup would find cached here now, recording
+        nothing for ``req`` (a router asking every replica about a request that only one
+        of them will get). Slots the lookup needs may be made, as any lookup makes
+        them."""
+        limit = (req.num_tokens - 1) // self.block_size
+        if limit <= 0:
+            return 0
+        kept = self._index.keeps(req)
+        found = self._index.lookup(self._index.positions(req, limit), limit)
+        if not kept:
+            self._index.forget(req)
+        return len(found) * self.block_size
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of ``req``'s prompt a lookup now would find cached."""

@@ -110,18 +110,19 @@ class RunConfig:
 
 
 def _check_prefix_cache(cfg: RunConfig) -> None:
-    """Validate prefix_cache against the policy and the replicas (the scheduler config
-    checks the queue and the KV allocation)."""
+    """Validate prefix_cache against the policy (the scheduler config checks the queue
+    and the KV allocation)."""
     if cfg.prefix_cache not in PREFIX_CACHE_MODES:
         raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}, "
                          f"got {cfg.prefix_cache!r}")
     if cfg.prefix_cache == "none":
+        if cfg.router == "cache-aware":
+            raise ValueError("router cache-aware needs a prefix cache (prefix_cache block "
+                             "or radix)")
         return
     if cfg.policy == "static":
         raise ValueError("prefix_cache applies to iteration-level policies (chunked, "
                          "continuous): static batching pads and computes every prompt")
-    if cfg.replicas > 1:
-        raise ValueError("prefix_cache needs replicas 1 (no cache-aware router yet)")
 
 
 def _check_scale_out(cfg: RunConfig) -> None:
@@ -268,7 +269,8 @@ def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
     """The run's arrival source and the release hook it needs: the workload's own
     arrivals (open loop), or closed-loop users over its rows (``concurrency``)."""
     w, cfg = prep.workload, prep.config
-    content = prompt_content(w, cfg.block_size) if cfg.prefix_cache != "none" else None
+    content = (prompt_content(w, cfg.block_size, cfg.replicas)
+               if cfg.prefix_cache != "none" else None)
     if cfg.concurrency is None:
         return ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
                               w.max_tokens, w.priority, w.request_id, content), None
@@ -278,24 +280,26 @@ def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
     return src, src.release
 
 
-#: Most slots fixed before a run (an int64 arena of 256 MB); a workload with more distinct
-#: (chain, block) pairs names its blocks per request, in an arena compacted as it fills.
+#: Most slots fixed before a run, over all replicas (each replica's cache has an int64
+#: arena of the workload's slots: 256 MB in all); a workload with more distinct (chain,
+#: block) pairs names its blocks per request, in arenas compacted as they fill.
 MAX_FIXED_SLOTS = 1 << 25
 
 
-def prompt_content(w: Workload, block_size: int) -> ContentFn | None:
+def prompt_content(w: Workload, block_size: int, replicas: int = 1) -> ContentFn | None:
     """Each request's prompt content for a prefix cache, given at arrival: the slots of
     its blocks, fixed for the whole workload in one pass before the run
     (sim/prefix_slots.py) from the workload's own ``prompt_segments`` or else its
-    Mooncake ``hash_ids`` at 512 tokens an id; past ``MAX_FIXED_SLOTS`` slots its
-    segments instead (the cache then makes its slots per request, with the same
-    results); None when it has neither (every prompt is then its own)."""
+    Mooncake ``hash_ids`` at 512 tokens an id; past ``MAX_FIXED_SLOTS`` slots over
+    ``replicas`` caches its segments instead (the caches then make their slots per
+    request, with the same results); None when it has neither (every prompt is then its
+    own)."""
     if w.prompt_segments is None and w.hash_ids is None:
         return None
     table = PrefixSlotTable.for_workload(w.num_prompt_tokens, w.output_len, w.request_id,
                                          block_size, prompt_segments=w.prompt_segments,
                                          hash_ids=w.hash_ids)
-    if table.num_slots > MAX_FIXED_SLOTS:
+    if table.num_slots * replicas > MAX_FIXED_SLOTS:
         return segments_content(w)
     runs = table.runs
 

@@ -17,7 +17,7 @@ from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook, Scheduler, StepExecutor, StepObserver
 from sim.latency_stats import ItlSamples
 from sim.metrics import Recorder, summarize
-from sim.prefix_cache import PrefixCachingKV, make_kv, prefix_cache_summary
+from sim.prefix_cache import cache_summary, make_kv
 from sim.source import ArrivalSource
 from sim.table import to_frame
 
@@ -98,6 +98,5 @@ def simulate(
     summary = summarize(requests, steps, itl, max_num_seqs=config.max_num_seqs,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                         slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
-    summary["prefix_cache"] = (kv.summary() if isinstance(kv, PrefixCachingKV)
-                               else prefix_cache_summary("none", None, block_size))
+    summary["prefix_cache"] = cache_summary([kv], block_size)
     return SimResult(requests, steps, itl, summary)

@@ -318,7 +318,7 @@ def mooncake_like(n: int, seed: int) -> Workload:
                                 hash_ids=hash_ids)
 
 
-def as_segments(w: Workload, block_size: int) -> ContentFn:
+def as_segments(w: Workload, block_size: int, replicas: int = 1) -> ContentFn:
     """The dynamic path: each request's segments, its slots made by the index."""
     def content(req: Request) -> None:
         i = req.index
@@ -348,8 +348,8 @@ def test_fixed_slots_simulate_as_dynamic_ones(monkeypatch: pytest.MonkeyPatch, c
     fixed_slots: list[bool] = []
     real = runner.prompt_content
 
-    def spy(w: Workload, block_size: int) -> ContentFn:
-        content = real(w, block_size)
+    def spy(w: Workload, block_size: int, replicas: int = 1) -> ContentFn:
+        content = real(w, block_size, replicas)
         assert content is not None
 
         def call(req: Request) -> None:
