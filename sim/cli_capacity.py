@@ -5,6 +5,7 @@ sim/plan.py, the pages in sim/capacity_report.py and sim/plan_report.py.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,8 @@ def sweep(
     tensor_parallel_size: Annotated[str | None, typer.Option(
         help="TP sizes to sweep, e.g. 4,8.")] = None,
     replicas: Annotated[str | None, typer.Option(help="Replica counts to sweep.")] = None,
+    prefix_cache: Annotated[str | None, typer.Option(
+        help="Prefix caches to compare: none, block (vLLM), radix (SGLang).")] = None,
     rate: Annotated[str | None, typer.Option(
         help="Open-loop rates (req/s) to sweep; a trace is re-timed by Poisson arrivals."
     )] = None,
@@ -81,7 +84,8 @@ def sweep(
             "gpu_memory_utilization": gpu_memory_utilization,
             "long_prefill_token_threshold": long_prefill_token_threshold,
             "tensor_parallel_size": tensor_parallel_size, "replicas": replicas,
-            "burstiness": burstiness, "rate": rate, "concurrency": concurrency}, seeds)
+            "prefix_cache": prefix_cache, "burstiness": burstiness, "rate": rate,
+            "concurrency": concurrency}, seeds)
         base = RunConfig(model=model, gpu=gpu, dtype=dtype, trace=trace,
                          trace_format=trace_format, trace_sample=trace_sample,
                          scenario=scenario, arrival=arrival, num_requests=num_requests,
@@ -107,20 +111,28 @@ def sweep(
     console.print(f"{n} runs in {elapsed:,.1f} s; wrote " + ", ".join(str(p) for p in paths))
 
 
+def _percent(x: float | None) -> str:
+    """A fraction as a percentage; "-" for none (None or NaN: a run without a cache)."""
+    return "-" if x is None or math.isnan(x) else f"{x:.1%}"
+
+
 def sweep_table(df: Any, axes: list[str], limit: int = 60) -> Table:
     """Mean over seeds per cell: throughput, p99 latencies, saturation."""
     from sim.sweep import aggregate
 
     agg = aggregate(df, axes)
+    hits = "prefix_cache" in axes
     t = Table(title="sweep (mean over seeds)", header_style="bold")
     for c in (*axes, "req/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p99 (ms)",
-              "saturated"):
+              *(["prefix hit rate"] if hits else []), "saturated"):
         t.add_column(c, justify="right")
     for row in agg.head(limit).itertuples(index=False):
         r = row._asdict()
+        hit = r["prefix_hit_rate"]
         t.add_row(*(str(r[a]) for a in axes), f"{r['throughput_rps']:.3f}",
                   f"{r['ttft_p50_s'] * 1e3:,.1f}", f"{r['ttft_p99_s'] * 1e3:,.1f}",
                   f"{r['tpot_p99_s'] * 1e3:,.1f}",
+                  *([_percent(hit)] if hits else []),
                   "[bold red]YES[/bold red]" if r["saturated"] else "no")
     errors = int((df["error"] != "").sum())
     if errors:
@@ -156,6 +168,8 @@ def plan(
         help="Prefill chunk caps to compare.")] = None,
     tensor_parallel_size: Annotated[str | None, typer.Option(
         help="TP sizes to compare, e.g. 4,8 (GPUs = replicas x TP).")] = None,
+    prefix_cache: Annotated[str | None, typer.Option(
+        help="Prefix caches to compare: none, block (vLLM), radix (SGLang).")] = None,
     trace: Annotated[str | None, typer.Option(help="Trace whose lengths to use.")] = None,
     trace_format: Annotated[str | None, typer.Option(help="servesim, azure, mooncake.")] = None,
     trace_sample: Annotated[bool, typer.Option(
@@ -224,7 +238,10 @@ def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
         raise ValueError("--target-concurrency needs --load concurrency")
     grid = grid_cls.parse({k: a[k] for k in (
         "policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-        "long_prefill_token_threshold", "tensor_parallel_size")}, a["seeds"])
+        "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")}, a["seeds"])
+    if a["router"] == "cache-aware" and "none" in grid.axes.get("prefix_cache", ("none",)):
+        raise ValueError("router cache-aware needs a prefix cache in every config "
+                         "(prefix_cache block or radix)")
     base = cfg_cls(model=a["model"], gpu=a["gpu"], dtype=a["dtype"], trace=a["trace"],
                    trace_format=a["trace_format"],
                    trace_sample=bool(a["trace_sample"] and a["trace"]),

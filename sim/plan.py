@@ -45,7 +45,7 @@ from sim.runner import RunConfig, prepare, simulate_prepared
 from sim.sweep import Grid
 
 PLAN_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-             "long_prefill_token_threshold", "tensor_parallel_size")
+             "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")
 """Engine knobs a plan may compare (the config grid)."""
 
 BURSTINESS_LEVELS = (0.25, 0.5, 1.0, 2.0, 4.0)

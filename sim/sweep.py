@@ -35,6 +35,7 @@ AXES: dict[str, Callable[[str], Any]] = {
     "long_prefill_token_threshold": int,
     "tensor_parallel_size": int,
     "replicas": int,
+    "prefix_cache": str,
     "burstiness": float,
     "rate": float,
     "concurrency": int,
@@ -47,7 +48,7 @@ METRICS = (
     "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s", "itl_p99_s", "e2e_mean_s",
     "e2e_p50_s", "e2e_p99_s", "queued_mean_s", "queued_p99_s", "goodput_rps",
     "slo_attainment", "num_preemptions", "kv_peak_usage", "kv_mean_usage",
-    "mean_batch_seqs", "saturated",
+    "mean_batch_seqs", "prefix_hit_rate", "saturated",
 )
 """sweep.csv's metric columns, after cell, seed and the axes (seconds, requests/s)."""
 
@@ -149,6 +150,7 @@ def metrics_row(summary: dict[str, Any], requests: pd.DataFrame, cfg: RunConfig,
     row["kv_peak_usage"] = summary["kv_cache"]["peak_usage"]
     row["kv_mean_usage"] = summary["kv_cache"]["mean_usage"]
     row["mean_batch_seqs"] = summary["batch"]["mean_num_seqs"]
+    row["prefix_hit_rate"] = summary["prefix_cache"]["hit_rate_tokens"]
     row["saturated"] = bool(summary["saturated"])
     return row
 

@@ -112,7 +112,23 @@ def test_cli_plan_concurrency_axis(tmp_path: Path) -> None:
     (["--slo-ttft", "1", "--target-concurrency", "4"], "--load concurrency"),
     (["--slo-ttft", "1", "--slo-percentile", "120"], "slo_percentile"),
     (["--slo-ttft", "1", "--rate", "3"], "No such option"),
+    (["--slo-ttft", "1", "--router", "cache-aware"], "prefix cache"),
+    (["--slo-ttft", "1", "--router", "cache-aware", "--prefix-cache", "none,block"],
+     "prefix cache"),
 ])
 def test_cli_plan_bad_input(tmp_path: Path, args: list[str], word: str) -> None:
     res = runner.invoke(app, ["plan", "--num-requests", "10", "--out", str(tmp_path), *args])
     assert res.exit_code != 0 and word in res.output, res.output
+
+
+def test_cli_plan_compares_prefix_caches(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    res = runner.invoke(app, ["plan", "--scenario", "system-prompts", "--num-requests", "60",
+                              "--step-time", "0.02", "--slo-ttft", "0.5", "--seeds", "0",
+                              "--max-probes", "6", "--prefix-cache", "none,block",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((out / "plan.json").read_text())
+    assert [c["knobs"] for c in plan["configs"]] == [{"prefix_cache": "none"},
+                                                      {"prefix_cache": "block"}]
+    assert "prefix_cache=block" in (out / "capacity.md").read_text()

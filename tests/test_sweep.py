@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from sim.backends import Executor, map_ordered
 from sim.cli import app
-from sim.runner import RunConfig, prepare
+from sim.runner import RunConfig, prepare, simulate_prepared
 from sim.sweep import METRICS, Grid, cell_tasks, run_sweep
 from tests.conftest import shared_path
 
@@ -120,3 +120,19 @@ def test_ray_backend_matches_local() -> None:
     finally:
         ray.shutdown()
     pd.testing.assert_frame_equal(local, remote)
+
+
+def test_cli_sweep_prefix_cache_axis(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["sweep", "--scenario", "system-prompts", "--num-requests", "80",
+                              "--step-time", "0.02", "--prefix-cache", "none,block,radix",
+                              "--workers", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "prefix hit rate" in res.output
+    df = pd.read_csv(tmp_path / "sweep.csv")
+    assert list(df["prefix_cache"]) == ["none", "block", "radix"]
+    assert pd.isna(df["prefix_hit_rate"][0])
+    for i, mode in ((1, "block"), (2, "radix")):  # the run's own summary, cell by cell
+        run = simulate_prepared(prepare(RunConfig(scenario="system-prompts", num_requests=80,
+                                                  step_time=0.02, prefix_cache=mode)))
+        hit = run.summary["prefix_cache"]["hit_rate_tokens"]
+        assert hit > 0 and df["prefix_hit_rate"][i] == pytest.approx(hit, rel=1e-12)
