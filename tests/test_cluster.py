@@ -1,6 +1,7 @@
 """Several engines behind a router in one SimPy environment (sim/cluster.py): one replica
 is exactly one engine; each router decides from the replicas' state at arrival time;
-per-replica and total metrics; the CLI."""
+per-replica and total metrics; a prefix cache per replica and the cache-aware router;
+the CLI."""
 
 from __future__ import annotations
 
