@@ -104,6 +104,11 @@ class Inbox:
         q = self._replica.inbox
         return q[0].arrival_time if q else None
 
+    def next_routing_time(self) -> float | None:
+        """The router's next routing instant (its source's next arrival): the engine's
+        steady runs end before it."""
+        return self._router.source.next_arrival_time()
+
     def pop_arrived(self, now: float) -> list[Request]:
         self._router.advance(now)
         q = self._replica.inbox
@@ -211,15 +216,19 @@ def simulate_cluster(
     config: SchedulerConfig, cost_model: CostModel, num_gpu_blocks: int, block_size: int = 16,
     slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
     progress: Callable[[int], None] | None = None, slice_s: float = math.inf,
-    on_release: ReleaseHook | None = None,
+    on_release: ReleaseHook | None = None, fast_path: bool = True,
 ) -> SimResult:
-    """Simulate ``num_replicas`` identical engines (each its own policy, KV pool and cost
-    model) behind ``router`` until every request has finished or been rejected.
+    """Simulate ``num_replicas`` identical engines (each its own policy, KV pool or prefix
+    cache, and cost model) behind ``router`` until every request has finished or been
+    rejected.
 
     The result's requests and steps carry a ``replica`` column; its summary is the whole
     cluster's (summarize over every record) with a ``replicas`` list of per-replica
-    summaries. Raises ValueError for num_replicas < 1 or an unknown router, SchedulerStuck
-    as one engine does.
+    summaries. ``fast_path``: the engines' steady runs and decode groups
+    (sim/fastpath.py), each run ending before the router's next routing instant; False,
+    or closed-loop clients (whose next arrival a release inside another replica's run may
+    bring forward), step by step. Raises ValueError for num_replicas < 1 or an unknown
+    router, SchedulerStuck as one engine does.
     """
     if int(num_replicas) != num_replicas or num_replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {num_replicas!r}")
@@ -238,7 +247,8 @@ def simulate_cluster(
         policy: Scheduler = policy_factory(config, rep.kv)
         engine = Engine(env, policy=policy, cost_model=cost_model, kv=rep.kv, config=config,
                         arrivals=Inbox(rt, rep), recorder=rep.recorder, on_release=release,
-                        wake=functools.partial(rt.wake_event, rep))
+                        wake=functools.partial(rt.wake_event, rep),
+                        fast_path=fast_path and not isinstance(source, ClosedLoopArrivals))
         procs.append(engine.start())
     rt.set_timer()
     done = simpy.AllOf(env, procs)

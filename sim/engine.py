@@ -117,10 +117,13 @@ class Engine:
         self.wake = wake
         self._num_sampled = 0  # output tokens produced so far (the livelock watchdog's clock)
         # The policy's optional steady-decode promise (sim/fastpath.py). Off where every
-        # step must be seen one by one (an observer) or arrivals are pushed (wake hook).
+        # step must be seen one by one (an observer, an executor). A cluster's inbox
+        # gives its next routing instant: runs then end before it (the router reads
+        # this engine's state there as step by step).
         self.executor = executor
+        self._routing_time = getattr(arrivals, "next_routing_time", None)
         steady = getattr(policy, "steady_decode", None)
-        every_step = observer is not None or wake is not None or executor is not None
+        every_step = observer is not None or executor is not None
         self._steady = steady if fast_path and not every_step else None
         attach = getattr(policy, "attach_decode_group", None)
         if fast_path and not every_step and attach is not None:
@@ -316,7 +319,8 @@ class Engine:
         if k < 2:
             return None
         times, dts = step_times(run, self.cost_model, now, k,
-                                self.arrivals.next_arrival_time())
+                                self.arrivals.next_arrival_time(),
+                                self._routing_time() if self._routing_time else None)
         if len(times) < 3:
             return None
         return times, dts, new_blocks

@@ -57,11 +57,17 @@ def safe_steps(requests: Sequence[Request], block_size: int, num_free_blocks: in
 
 
 def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps: int,
-               next_arrival: float | None) -> tuple[list[float], list[float]]:
+               next_arrival: float | None, end_before: float | None = None
+               ) -> tuple[list[float], list[float]]:
     """The step boundaries t_0 = start, t_1, ... and the step times of up to
     ``num_steps`` steps, summed in the engine's order; stops early so that no step after
-    the first starts at or after ``next_arrival`` (that step would see the arrival)."""
+    the first starts at or after ``next_arrival`` (that step would see the arrival) and,
+    with ``end_before``, so that every step ends before it (a cluster's next routing
+    instant: the router then reads every replica's state as the step-by-step engines
+    would have it)."""
     limit = math.inf if next_arrival is None else next_arrival
+    if end_before is not None and end_before < limit:
+        limit = end_before
     shape = run.shape
     d, s, ctx = shape.num_decode_seqs, shape.num_sampled_seqs, shape.decode_context_tokens
     growth = run.context_growth
@@ -79,6 +85,8 @@ def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps
         if j and t >= limit:
             break
         dt = price + 0.0  # + the plan's extra_time_s, as the engine adds it
+        if end_before is not None and t + dt >= end_before:
+            break
         t = t + dt
         times.append(t)
         dts.append(dt)

@@ -258,7 +258,7 @@ def simulate_prepared(
         from sim.cluster import simulate_cluster
 
         return simulate_cluster(arrivals, num_replicas=cfg.replicas, router=cfg.router,
-                                **common)
+                                fast_path=fast_path, **common)
     result = simulate(arrivals, observer=observer, executor=executor, fast_path=fast_path,
                       **common)
     result.summary["replicas"] = [{"replica": 0, "num_routed": len(w), **result.summary}]
