@@ -220,8 +220,9 @@ def run(
 ) -> None:
     """Simulate one engine on a workload and write requests.csv, steps.csv, summary.json
     and config.json to --out."""
+    from sim.compare import cell_configs, parse_cells
     from sim.engine import SchedulerStuck
-    from sim.runner import RunConfig, prepare, write_run
+    from sim.runner import RunConfig, check_router, prepare, write_run
 
     try:
         cfg = RunConfig(
@@ -241,6 +242,11 @@ def run(
             concurrency=concurrency, think_time=think_time, trace_sample=trace_sample,
             prefix_cache=prefix_cache,
         )
+        cells = parse_cells(compare) if compare is not None else None
+        if cells is None:
+            check_router(cfg)
+        else:
+            cell_configs(cfg, cells)  # every cell checked before any output
         prep = prepare(cfg)
     except INPUT_ERRORS as e:
         fail(str(e))
@@ -253,8 +259,8 @@ def run(
                   f"request: {prep.num_gpu_blocks * bs / prep.scheduler.max_model_len:.2f}x")
     if cfg.replicas > 1 or cfg.tensor_parallel_size > 1 or cfg.concurrency is not None:
         console.print(scale_out_line(cfg))
-    if compare is not None:
-        _compare(prep, compare, out)
+    if cells is not None:
+        _compare(prep, cells, out)
         return
     try:
         result = _run_with_progress(prep)
@@ -272,12 +278,11 @@ def run(
         _write_report([out], out / "report.html")
 
 
-def _compare(prep: Any, spec: str, out: Path) -> None:
-    from sim.compare import compare_table, parse_cells, run_compare
+def _compare(prep: Any, cells: list[Any], out: Path) -> None:
+    from sim.compare import compare_table, run_compare
     from sim.engine import SchedulerStuck
 
     try:
-        cells = parse_cells(spec)
         results = run_compare(prep, cells, out, _run_with_progress)
     except (SchedulerStuck, *INPUT_ERRORS) as e:
         fail(str(e))

@@ -75,7 +75,7 @@ def sweep(
     """Run a grid of what-if cells (every combination of the comma-separated values) on
     the same seeded workload, in parallel; write sweep.csv, sweep.json and sweep.html."""
     from sim.runner import RunConfig
-    from sim.sweep import Grid, run_sweep, write_sweep
+    from sim.sweep import Grid, check_router_cells, run_sweep, write_sweep
 
     try:
         grid = Grid.parse({
@@ -86,6 +86,7 @@ def sweep(
             "tensor_parallel_size": tensor_parallel_size, "replicas": replicas,
             "prefix_cache": prefix_cache, "burstiness": burstiness, "rate": rate,
             "concurrency": concurrency}, seeds)
+        check_router_cells(router, grid)
         base = RunConfig(model=model, gpu=gpu, dtype=dtype, trace=trace,
                          trace_format=trace_format, trace_sample=trace_sample,
                          scenario=scenario, arrival=arrival, num_requests=num_requests,
@@ -232,6 +233,8 @@ def plan(
 def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
                spec_cls: Any) -> Any:
     """The PlanSpec of the plan command's arguments ``a``; ValueError on bad input."""
+    from sim.sweep import check_router_cells
+
     if a["load"] == "concurrency" and a["target_rate"] is not None:
         raise ValueError("with --load concurrency give --target-concurrency, not --target-rate")
     if a["load"] == "rate" and a["target_concurrency"] is not None:
@@ -239,9 +242,7 @@ def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
     grid = grid_cls.parse({k: a[k] for k in (
         "policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
         "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")}, a["seeds"])
-    if a["router"] == "cache-aware" and "none" in grid.axes.get("prefix_cache", ("none",)):
-        raise ValueError("router cache-aware needs a prefix cache in every config "
-                         "(prefix_cache block or radix)")
+    check_router_cells(a["router"], grid)
     base = cfg_cls(model=a["model"], gpu=a["gpu"], dtype=a["dtype"], trace=a["trace"],
                    trace_format=a["trace_format"],
                    trace_sample=bool(a["trace_sample"] and a["trace"]),

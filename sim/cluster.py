@@ -128,6 +128,10 @@ class Router:
                  replicas: list[Replica], policy: str) -> None:
         if policy not in ROUTERS:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {policy!r}")
+        if policy == "cache-aware" and not all(isinstance(r.kv, PrefixCachingKV)
+                                               for r in replicas):
+            raise ValueError("router cache-aware needs a prefix cache (prefix_cache block "
+                             "or radix)")
         self.env = env
         self.source = source
         self.replicas = replicas
@@ -194,8 +198,7 @@ class Router:
                 self.policy == "cache-aware" and self._imbalanced()):
             return min(reps, key=lambda r: (r.outstanding, len(r.routed), r.index))
         if self.policy == "cache-aware":
-            hits = [r.kv.peek_hit_tokens(req) if isinstance(r.kv, PrefixCachingKV) else 0
-                    for r in reps]
+            hits = [r.kv.peek_hit_tokens(req) for r in reps]  # type: ignore[attr-defined]
             best = min(reps, key=lambda r: (-hits[r.index], r.outstanding, len(r.routed),
                                             r.index))
             if hits[best.index] > CACHE_THRESHOLD * req.num_prompt_tokens:

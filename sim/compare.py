@@ -22,7 +22,7 @@ from rich.table import Table
 
 from policies.registry import get_policy_class
 from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, PREFIX_CACHE_MODES, QUEUE_ORDERS
-from sim.runner import Prepared, write_run
+from sim.runner import Prepared, RunConfig, check_router, write_run
 from sim.simulate import SimResult
 
 #: Modifier value -> the RunConfig / SchedulerConfig field it sets.
@@ -74,6 +74,22 @@ def parse_cells(spec: str) -> list[Cell]:
         if dirs.count(d) > 1:
             raise ValueError(f"compare: two cells write the same run directory {d!r}")
     return cells
+
+
+def cell_configs(base: RunConfig, cells: list[Cell]) -> list[RunConfig]:
+    """Every cell's whole config, each validated (before anything runs, so a bad cell
+    costs one error line and no output); ValueError naming the cell for one that cannot
+    run."""
+    out = []
+    for cell in cells:
+        try:
+            overrides: dict[str, Any] = dict(cell.overrides)
+            cfg = dataclasses.replace(base, policy=cell.policy, **overrides)
+            check_router(cfg)
+        except ValueError as e:
+            raise ValueError(f"compare: cell {cell.label!r}: {e}") from None
+        out.append(cfg)
+    return out
 
 
 def cell_prepared(base: Prepared, cell: Cell) -> Prepared:

@@ -89,10 +89,8 @@ def cache_summary(kvs: Sequence[KVCacheManager], block_size: int) -> dict[str, A
     caches = [kv for kv in kvs if isinstance(kv, PrefixCachingKV)]
     if not caches:
         return prefix_cache_summary("none", None, block_size)
-    total = PrefixCacheStats()
-    for kv in caches:
-        for f in fields(total):
-            setattr(total, f.name, getattr(total, f.name) + getattr(kv.stats, f.name))
+    total = PrefixCacheStats(*(sum(getattr(kv.stats, f.name) for kv in caches)
+                               for f in fields(PrefixCacheStats)))
     return prefix_cache_summary(caches[0].mode, total, block_size)
 
 
@@ -151,9 +149,6 @@ class PrefixCachingKV(KVCacheManager):
         """Blocks in the index (held or free)."""
         return self._index.num_cached()
 
-    def summary(self) -> dict[str, Any]:
-        return prefix_cache_summary(self.mode, self.stats, self.block_size)
-
     # -- lookup --
     def get_computed_blocks(self, req: Request) -> list[int]:
         """The cached blocks of ``req``'s longest cached prefix, at most (num_tokens - 1)
@@ -191,10 +186,8 @@ class PrefixCachingKV(KVCacheManager):
         limit = (req.num_tokens - 1) // self.block_size
         if limit <= 0:
             return 0
-        kept = self._index.keeps(req)
         found = self._index.lookup(self._index.positions(req, limit), limit)
-        if not kept:
-            self._index.forget(req)
+        self._index.forget(req)  # (a request is routed before any replica holds it)
         return len(found) * self.block_size
 
     def cached_prefix_tokens(self, req: Request) -> int:

@@ -235,10 +235,6 @@ class PrefixIndex:
         """Drop ``req``'s positions (it released its blocks)."""
         self._pos.pop(req, None)
 
-    def keeps(self, req: Request) -> bool:
-        """Whether ``req``'s positions are kept here."""
-        return req in self._pos
-
     def _make_room(self, n: int) -> None:
         """Compact: keep only the chains some cached block is indexed under, each as one
         extent in arena order, in an arena with room for ``n`` more slots and, so that

@@ -116,13 +116,19 @@ def _check_prefix_cache(cfg: RunConfig) -> None:
         raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}, "
                          f"got {cfg.prefix_cache!r}")
     if cfg.prefix_cache == "none":
-        if cfg.router == "cache-aware":
-            raise ValueError("router cache-aware needs a prefix cache (prefix_cache block "
-                             "or radix)")
         return
     if cfg.policy == "static":
         raise ValueError("prefix_cache applies to iteration-level policies (chunked, "
                          "continuous): static batching pads and computes every prompt")
+
+
+def check_router(cfg: RunConfig) -> None:
+    """Raise ValueError when the router needs what the run lacks: ``cache-aware`` routes
+    by the replicas' prefix caches. Checked where a run's final config is known (a
+    compare cell or a sweep cell may bring the cache), not in RunConfig itself."""
+    if cfg.router == "cache-aware" and cfg.prefix_cache == "none":
+        raise ValueError("router cache-aware needs a prefix cache (prefix_cache block or "
+                         "radix)")
 
 
 def _check_scale_out(cfg: RunConfig) -> None:
@@ -242,6 +248,7 @@ def simulate_prepared(
     real and times it instead of the cost model (sim.engine.StepExecutor; validation);
     ``fast_path`` False runs the step-by-step reference (sim/fastpath.py)."""
     w, cfg = prep.workload, prep.config
+    check_router(cfg)
     arrivals, on_release = arrival_source(prep)
     span = float(w.arrival_time[-1] - w.arrival_time[0]) if len(w) else 0.0
     common: dict[str, Any] = dict(

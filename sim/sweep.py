@@ -22,9 +22,18 @@ from typing import Any
 import pandas as pd
 
 from sim.backends import map_ordered
+from sim.config import PREFIX_CACHE_MODES
 from sim.engine import SchedulerStuck
 from sim.latency_stats import meets_slos
 from sim.runner import RunConfig, prepare, simulate_prepared
+
+
+def prefix_cache_mode(text: str) -> str:
+    """One value of the prefix_cache axis: none, block or radix."""
+    if text not in PREFIX_CACHE_MODES:
+        raise ValueError(f"one of {', '.join(PREFIX_CACHE_MODES)}")
+    return text
+
 
 #: Axis name (a RunConfig field) -> parser of one value. Grid order follows this order.
 AXES: dict[str, Callable[[str], Any]] = {
@@ -35,7 +44,7 @@ AXES: dict[str, Callable[[str], Any]] = {
     "long_prefill_token_threshold": int,
     "tensor_parallel_size": int,
     "replicas": int,
-    "prefix_cache": str,
+    "prefix_cache": prefix_cache_mode,
     "burstiness": float,
     "rate": float,
     "concurrency": int,
@@ -208,6 +217,14 @@ def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
                        on_done=on_done)
     columns = ["cell", "seed", *grid.axes, *METRICS, "error"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def check_router_cells(router: str, grid: Grid) -> None:
+    """ValueError, before anything runs, when ``router`` cannot serve a cell of ``grid``:
+    cache-aware needs a prefix cache (the ``prefix_cache`` axis, none when absent)."""
+    if router == "cache-aware" and "none" in grid.axes.get("prefix_cache", ("none",)):
+        raise ValueError("router cache-aware needs a prefix cache in every cell "
+                         "(--prefix-cache block or radix)")
 
 
 def aggregate(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:

@@ -5,21 +5,25 @@ the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 from typer.testing import CliRunner
 
 import sim.runner as runner_module
 from policies.chunked import ChunkedPolicy
 from sim.cli import app
-from sim.cluster import ROUTERS, simulate_cluster
+from sim.cluster import ROUTERS, Replica, Router, simulate_cluster
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
+from sim.metrics import Recorder
 from sim.prefix_cache import PrefixCachingKV, make_kv
+from sim.prefix_slots import PrefixSlotTable
 from sim.request import Request
 from sim.runner import RunConfig, prepare, simulate_prepared
 from sim.simulate import SimResult, simulate
@@ -44,10 +48,11 @@ def mixed(n: int = 40) -> list[Request]:
 
 @pytest.mark.parametrize("router", ROUTERS)
 def test_one_replica_is_exactly_one_engine(router: str) -> None:
+    cache = "block" if router == "cache-aware" else "none"  # it needs one
     one = simulate(RequestListArrivals(mixed()), policy_factory=ChunkedPolicy,
-                   config=SchedulerConfig(max_num_seqs=4), cost_model=ConstantCostModel(1.0),
-                   num_gpu_blocks=1000)
-    many = cluster(mixed(), 1, router, max_num_seqs=4)
+                   config=SchedulerConfig(max_num_seqs=4, prefix_cache=cache),
+                   cost_model=ConstantCostModel(1.0), num_gpu_blocks=1000)
+    many = cluster(mixed(), 1, router, max_num_seqs=4, prefix_cache=cache)
     pd.testing.assert_frame_equal(one.requests, many.requests.drop(columns="replica"))
     pd.testing.assert_frame_equal(one.steps, many.steps.drop(columns="replica"))
 
@@ -198,8 +203,11 @@ def test_peek_hit_tokens_records_nothing(mode: str) -> None:
     assert isinstance(kv, PrefixCachingKV)
     a, b = turns(2)
     assert kv.allocate_cached(a, kv.get_computed_blocks(a), a.num_tokens)
+    before = (dataclasses.astuple(kv.stats), kv._last_hit, kv._touched, dict(kv._last_lookup))
     assert kv.peek_hit_tokens(b) == 48  # the 3 shared blocks
-    assert not kv._index.keeps(b) and b not in kv._last_lookup
+    assert (dataclasses.astuple(kv.stats), kv._last_hit, kv._touched,
+            dict(kv._last_lookup)) == before
+    assert b not in kv._index._pos  # no positions kept for a request routed elsewhere
     assert kv.get_computed_blocks(b) == a.block_ids[:3]
 
 
@@ -220,3 +228,89 @@ def test_cache_aware_cluster_same_with_per_request_slots(
     assert fixed.summary == per_request.summary
     for col, a in fixed.request_table.items():
         np.testing.assert_array_equal(a, per_request.request_table[col], err_msg=col)
+
+
+@pytest.mark.parametrize(("prompt", "where"), [(160, [0, 1]), (159, [0, 0])])
+def test_cache_aware_needs_more_than_30_percent_cached(prompt: int, where: list[int]) -> None:
+    # r1 finds r0's 3 shared blocks (48 tokens) on replica 0 only: 48 / 160 = 0.3 is not
+    # more than 0.3, so least-kv sends it to replica 1 (both idle, 1 routed to least so
+    # far); 48 / 159 > 0.3 keeps it on replica 0.
+    reqs = []
+    for i in range(2):
+        r = Request(str(i), 10.0 * i, prompt, 1, 1, 0, i)
+        r.prompt_segments = ((1, 48), (100 + i, prompt - 48))
+        reqs.append(r)
+    res = cluster(reqs, 2, "cache-aware", prefix_cache="block")
+    assert list(res.requests["replica"]) == where
+
+
+def test_cache_aware_load_guard_needs_both_thresholds() -> None:
+    def imbalanced(a: int, b: int) -> bool:
+        reps = [Replica(i, make_kv("block", 10, 16), Recorder()) for i in range(2)]
+        reps[0].routed.extend(range(a))
+        reps[1].routed.extend(range(b))
+        return Router(simpy.Environment(), RequestListArrivals([]), reps,
+                      "cache-aware")._imbalanced()
+
+    assert imbalanced(65, 0) and not imbalanced(64, 0)  # a gap of more than 64
+    assert not imbalanced(200, 135)  # a gap of 65, but 200 <= 1.5 x 135 = 202.5
+    assert imbalanced(203, 135)
+
+
+def test_cache_aware_lookups_change_only_the_routing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replaying the cache-aware router's choices with no lookups at all gives the same
+    records, under eviction and preemption: the lookups leave no trace in the caches."""
+    prep = prepare(RunConfig(scenario="multi-turn", num_requests=300, rate=30.0,
+                             prefix_cache="radix", num_gpu_blocks=500, max_num_seqs=16,
+                             replicas=3, router="cache-aware"))
+    routed = simulate_prepared(prep)
+    where = routed.requests["replica"].to_numpy()  # workload order
+    assert len(set(where)) == 3 and routed.summary["prefix_cache"]["evictions"] > 0
+    monkeypatch.setattr(Router, "_choose", lambda self, req: self.replicas[where[req.index]])
+    replay = simulate_prepared(prep)
+    assert replay.summary == routed.summary
+    for col, a in routed.request_table.items():
+        np.testing.assert_array_equal(a, replay.request_table[col], err_msg=col)
+
+
+def test_fixed_slots_are_capped_over_all_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each replica's cache has an arena of the workload's slots: at a cap of exactly one
+    # arena, one replica fixes its slots and two name blocks per request.
+    prep = prepare(RunConfig(scenario="system-prompts", num_requests=20, prefix_cache="block"))
+    w = prep.workload
+    num_slots = PrefixSlotTable.for_workload(
+        w.num_prompt_tokens, w.output_len, w.request_id, 16,
+        prompt_segments=w.prompt_segments, hash_ids=w.hash_ids).num_slots
+    monkeypatch.setattr(runner_module, "MAX_FIXED_SLOTS", num_slots)
+    for replicas, fixed in ((1, True), (2, False)):
+        content = runner_module.prompt_content(w, 16, replicas)
+        assert content is not None
+        req = Request("0", 0.0, int(w.num_prompt_tokens[0]), 1, 1, 0, 0)
+        content(req)
+        assert (req.prefix_slots is not None) == fixed
+        assert (req.prompt_segments is not None) == (not fixed)
+
+
+def test_cli_cache_aware_takes_the_cache_from_compare_cells_and_sweep_axes(
+        tmp_path: Path) -> None:
+    common = ["--scenario", "system-prompts", "--num-requests", "30", "--step-time", "0.02",
+              "--replicas", "2", "--router", "cache-aware"]
+    ok = runner.invoke(app, ["run", *common, "--compare", "chunked:block,chunked:radix",
+                             "--out", str(tmp_path / "c")])
+    assert ok.exit_code == 0, ok.output
+    summary = json.loads((tmp_path / "c" / "chunked-radix" / "summary.json").read_text())
+    assert summary["prefix_cache"]["mode"] == "radix" and summary["prefix_cache"]["hit_tokens"] > 0
+    bad = runner.invoke(app, ["run", *common, "--compare", "chunked:none,chunked:radix",
+                              "--out", str(tmp_path / "d")])
+    assert bad.exit_code == 1 and bad.output.count("\n") == 1
+    assert "cell 'chunked:none'" in bad.output and "prefix cache" in bad.output
+    assert not (tmp_path / "d").exists()
+    ok = runner.invoke(app, ["sweep", *common, "--prefix-cache", "block,radix", "--workers",
+                             "1", "--out", str(tmp_path / "s")])
+    assert ok.exit_code == 0, ok.output
+    df = pd.read_csv(tmp_path / "s" / "sweep.csv", keep_default_na=False)
+    assert list(df["error"]) == ["", ""] and (df["prefix_hit_rate"] > 0).all()
+    for axis in ("none,radix", "radix,RADIX"):
+        bad = runner.invoke(app, ["sweep", *common, "--prefix-cache", axis,
+                                  "--out", str(tmp_path / "t")])
+        assert bad.exit_code == 1 and bad.output.count("\n") == 1, bad.output
