@@ -8,7 +8,10 @@ How arrivals flow. The router holds the run's one arrival source. It routes ever
 with arrival_time <= now whenever either (a) its own timer fires at the next arrival time,
 or (b) any replica's engine pulls from its inbox; (b) makes routing independent of the
 order SimPy happens to process simultaneous events, so an arrival at the very instant a
-step ends is seen by that step's successor, exactly as with one engine. An idle engine
+step ends is seen by that step's successor, exactly as with one engine. The timer is
+urgent: at an arrival time it fires before any engine applies a step ending then, so
+the router decides from a well-defined state (every step that ended before applied, none
+that ends then), which the engines' fast path reproduces (sim/engine.py). An idle engine
 waits on a wake event (the engine's ``wake`` hook) that the router fires when it routes a
 request to it. Closed-loop clients work the same way: a release schedules the user's next
 request in the source, and the router is told to set its timer.
@@ -91,6 +94,20 @@ class Replica:
         return used / max(self.kv.num_usable_blocks, 1)
 
 
+class _UrgentTimeout(simpy.events.Event):
+    """A timeout processed before every ordinary event of its instant (SimPy's URGENT
+    priority, as its own process-start events use): the router routes at an arrival
+    time before any engine applies a step ending then, so the state it reads there is
+    well defined (every step ending before applied, none ending then), whatever order
+    SimPy gives the engines' simultaneous events."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.events.URGENT, delay)
+
+
 class Inbox:
     """The ArrivalSource one replica's engine pulls from: what the router sent it."""
 
@@ -168,7 +185,7 @@ class Router:
         if nxt is None or (self._timer_at is not None and self._timer_at <= nxt):
             return
         self._timer_at = nxt
-        timer = self.env.timeout(max(nxt - self.env.now, 0.0))
+        timer = _UrgentTimeout(self.env, max(nxt - self.env.now, 0.0))
         timer.callbacks.append(self._on_timer)
 
     def _on_timer(self, _event: simpy.Event) -> None:

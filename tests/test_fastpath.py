@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from policies import get_policy_class
 from sim.batch import BatchShape
-from sim.cluster import simulate_cluster
 from sim.config import SchedulerConfig
 from sim.engine import Engine
 from sim.request import Request
@@ -352,55 +351,3 @@ def test_priority_victims_in_the_decode_group_match_step_by_step(
         assert_same(args, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32,
                                           queue="priority"), policy, 16, 4)
 
-
-@st.composite
-def clusters(draw: st.DrawFn) -> tuple[list[Request], SchedulerConfig, str, int, str, int, int]:
-    """Replicas behind every router, with and without prefix caches (prompts sharing
-    up to two prefix segments), tight pools and the priority and lpm queues."""
-    n = draw(st.integers(2, 30))
-    shared = [(1, draw(st.integers(1, 60))), (2, draw(st.integers(1, 60)))]
-    reqs, t = [], 0.0
-    for i in range(n):
-        t += draw(st.sampled_from([0.0, 0.0, 0.013, 0.05, 0.31, 1.7]))
-        out = draw(st.integers(1, 90))
-        segs = (*shared[:draw(st.integers(0, 2))], (100 + i, draw(st.integers(1, 80))))
-        r = Request(str(i), t, sum(k for _, k in segs), out,
-                    out if draw(st.booleans()) else draw(st.integers(1, 90)),
-                    draw(st.integers(0, 2)), i)
-        r.prompt_segments = segs
-        reqs.append(r)
-    cache = draw(st.sampled_from(["none", "block", "radix"]))
-    routers = ["round-robin", "least-outstanding", "least-kv"]
-    router = draw(st.sampled_from(routers + ([] if cache == "none" else ["cache-aware"])))
-    bs = draw(st.sampled_from([1, 4, 16]))
-    blocks = draw(st.integers(12, 80)) if bs == 16 else draw(st.integers(60, 400))
-    cfg = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 9)), max_num_batched_tokens=draw(st.integers(90, 300)),
-        max_model_len=draw(st.sampled_from([64, 160, 4096])),
-        queue=draw(st.sampled_from(["fcfs", "priority"] + ([] if cache == "none" else ["lpm"]))),
-        prefix_cache=cache)
-    return (reqs, cfg, draw(st.sampled_from(["chunked", "continuous"])),
-            draw(st.integers(1, 4)), router, blocks, bs)
-
-
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(clusters())
-def test_cluster_fast_path_equals_step_by_step(
-        w: tuple[list[Request], SchedulerConfig, str, int, str, int, int]) -> None:
-    """Each engine's runs end before the router's next routing instant, so the router
-    reads every replica's state as step by step: the same routing and records."""
-    reqs, cfg, policy, n, router, blocks, bs = w
-    out = []
-    for fast in (False, True):
-        fresh = [Request(r.request_id, r.arrival_time, r.num_prompt_tokens, r.output_len,
-                         r.max_tokens, r.priority, r.index) for r in reqs]
-        for f, r in zip(fresh, reqs, strict=True):
-            f.prompt_segments = r.prompt_segments
-        out.append(simulate_cluster(
-            RequestListArrivals(fresh), num_replicas=n, router=router,
-            policy_factory=get_policy_class(policy), config=cfg, cost_model=ContextCost(),
-            num_gpu_blocks=blocks, block_size=bs, fast_path=fast))
-    ref, fast_res = out
-    assert_frames_close(fast_res.requests, ref.requests)
-    assert_frames_close(fast_res.steps, ref.steps)
-    assert_nested_close(fast_res.summary, ref.summary)
