@@ -321,13 +321,6 @@ class Engine:
         times, dts = step_times(run, self.cost_model, now, k,
                                 self.arrivals.next_arrival_time(),
                                 self._routing_time() if self._routing_time else None)
-        # The run is one timeout of times[-1] - now, and SimPy's clock lands on now plus
-        # that, which rounding may put an ulp off the reference's clock (the steps' sum):
-        # only runs whose end it lands on exactly (else the run could reach an arrival
-        # it was meant to stop before, or stop an ulp short of one at a step end).
-        while len(times) >= 3 and now + (times[-1] - now) != times[-1]:
-            times.pop()
-            dts.pop()
         if len(times) < 3:
             return None
         return times, dts, new_blocks

@@ -64,7 +64,8 @@ def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps
     the first starts at or after ``next_arrival`` (that step would see the arrival) and,
     with ``end_before``, so that every step ends before it (a cluster's next routing
     instant: the router then reads every replica's state as the step-by-step engines
-    would have it)."""
+    would have it), and so that ``start + (t_last - start) == t_last`` (the clock after
+    one timeout of the run)."""
     limit = math.inf if next_arrival is None else next_arrival
     if end_before is not None and end_before < limit:
         limit = end_before
@@ -90,4 +91,11 @@ def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps
         t = t + dt
         times.append(t)
         dts.append(dt)
+    # The engine waits out a run in one timeout of times[-1] - start, and SimPy's clock
+    # lands on start plus that, which rounding may put an ulp off the steps' sum (the
+    # reference's clock): a run ends where the clock lands exactly (else it could reach
+    # an arrival it was meant to stop before, or stop an ulp short of one).
+    while len(times) > 2 and start + (times[-1] - start) != times[-1]:
+        times.pop()
+        dts.pop()
     return times, dts
