@@ -220,7 +220,7 @@ def run(
 ) -> None:
     """Simulate one engine on a workload and write requests.csv, steps.csv, summary.json
     and config.json to --out."""
-    from sim.compare import cell_configs, parse_cells
+    from sim.compare import cell_config, parse_cells
     from sim.engine import SchedulerStuck
     from sim.runner import RunConfig, check_router, prepare, write_run
 
@@ -243,10 +243,10 @@ def run(
             prefix_cache=prefix_cache,
         )
         cells = parse_cells(compare) if compare is not None else None
+        for c in cells or []:  # every cell checked before any output
+            cell_config(cfg, c)
         if cells is None:
             check_router(cfg)
-        else:
-            cell_configs(cfg, cells)  # every cell checked before any output
         prep = prepare(cfg)
     except INPUT_ERRORS as e:
         fail(str(e))

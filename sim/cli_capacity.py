@@ -5,6 +5,7 @@ sim/plan.py, the pages in sim/capacity_report.py and sim/plan_report.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -86,12 +87,12 @@ def sweep(
             "tensor_parallel_size": tensor_parallel_size, "replicas": replicas,
             "prefix_cache": prefix_cache, "burstiness": burstiness, "rate": rate,
             "concurrency": concurrency}, seeds)
-        check_router_cells(router, grid)
         base = RunConfig(model=model, gpu=gpu, dtype=dtype, trace=trace,
                          trace_format=trace_format, trace_sample=trace_sample,
                          scenario=scenario, arrival=arrival, num_requests=num_requests,
                          window=window, max_tokens=max_tokens, step_time=step_time,
                          profile=profile, router=router, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+        check_router_cells(base, grid)
     except INPUT_ERRORS as e:
         fail(str(e))
     n = len(grid.cells()) * len(grid.seeds)
@@ -242,13 +243,13 @@ def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
     grid = grid_cls.parse({k: a[k] for k in (
         "policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
         "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")}, a["seeds"])
-    check_router_cells(a["router"], grid)
     base = cfg_cls(model=a["model"], gpu=a["gpu"], dtype=a["dtype"], trace=a["trace"],
                    trace_format=a["trace_format"],
                    trace_sample=bool(a["trace_sample"] and a["trace"]),
                    scenario=a["scenario"], burstiness=a["burstiness"],
                    num_requests=a["num_requests"], max_tokens=a["max_tokens"],
                    step_time=a["step_time"], profile=a["profile"])
+    check_router_cells(dataclasses.replace(base, router=a["router"]), grid)
     target = a["target_rate"] if a["load"] == "rate" else a["target_concurrency"]
     return spec_cls(base, slo_cls(a["slo_ttft"], a["slo_tpot"], a["slo_percentile"]), grid,
                     load_axis=a["load"], target=target, start=a["start"],

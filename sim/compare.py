@@ -76,29 +76,24 @@ def parse_cells(spec: str) -> list[Cell]:
     return cells
 
 
-def cell_configs(base: RunConfig, cells: list[Cell]) -> list[RunConfig]:
-    """Every cell's whole config, each validated (before anything runs, so a bad cell
-    costs one error line and no output); ValueError naming the cell for one that cannot
-    run."""
-    out = []
-    for cell in cells:
-        try:
-            overrides: dict[str, Any] = dict(cell.overrides)
-            cfg = dataclasses.replace(base, policy=cell.policy, **overrides)
-            check_router(cfg)
-        except ValueError as e:
-            raise ValueError(f"compare: cell {cell.label!r}: {e}") from None
-        out.append(cfg)
-    return out
+def cell_config(base: RunConfig, cell: Cell) -> RunConfig:
+    """The cell's whole config: ``base`` with the cell's policy and overrides, validated
+    (the router included); ValueError naming the cell for one that cannot run."""
+    overrides: dict[str, Any] = dict(cell.overrides)
+    try:
+        cfg = dataclasses.replace(base, policy=cell.policy, **overrides)
+        check_router(cfg)
+    except ValueError as e:
+        raise ValueError(f"compare: cell {cell.label!r}: {e}") from None
+    return cfg
 
 
 def cell_prepared(base: Prepared, cell: Cell) -> Prepared:
     """The base run with the cell's policy and overrides; the workload object is shared,
     so every cell simulates exactly the same requests."""
     overrides: dict[str, Any] = dict(cell.overrides)
-    cfg = dataclasses.replace(base.config, policy=cell.policy, **overrides)
     sched = dataclasses.replace(base.scheduler, **overrides)
-    return dataclasses.replace(base, config=cfg, scheduler=sched)
+    return dataclasses.replace(base, config=cell_config(base.config, cell), scheduler=sched)
 
 
 def run_compare(

@@ -25,7 +25,7 @@ from sim.backends import map_ordered
 from sim.config import PREFIX_CACHE_MODES
 from sim.engine import SchedulerStuck
 from sim.latency_stats import meets_slos
-from sim.runner import RunConfig, prepare, simulate_prepared
+from sim.runner import RunConfig, check_router, prepare, simulate_prepared
 
 
 def prefix_cache_mode(text: str) -> str:
@@ -219,12 +219,14 @@ def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
     return pd.DataFrame(rows, columns=columns)
 
 
-def check_router_cells(router: str, grid: Grid) -> None:
-    """ValueError, before anything runs, when ``router`` cannot serve a cell of ``grid``:
-    cache-aware needs a prefix cache (the ``prefix_cache`` axis, none when absent)."""
-    if router == "cache-aware" and "none" in grid.axes.get("prefix_cache", ("none",)):
-        raise ValueError("router cache-aware needs a prefix cache in every cell "
-                         "(--prefix-cache block or radix)")
+def check_router_cells(base: RunConfig, grid: Grid) -> None:
+    """``check_router`` for every prefix cache a cell of ``grid`` may have (its axis, or
+    the base's), before anything runs; ValueError naming the axis."""
+    for mode in grid.axes.get("prefix_cache", (base.prefix_cache,)):
+        try:
+            check_router(dataclasses.replace(base, prefix_cache=mode))
+        except ValueError as e:
+            raise ValueError(f"prefix_cache {mode!r}: {e}") from None
 
 
 def aggregate(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
