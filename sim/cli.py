@@ -194,7 +194,8 @@ def run(
     router: Annotated[str, typer.Option(
         help="How requests are spread over replicas: round-robin, least-outstanding, "
              "least-kv, cache-aware (longest cached prefix, load-guarded; needs "
-             "--prefix-cache).")] = "round-robin",
+             "--prefix-cache), cache-aware-approx (the SGLang router's: longest prefix "
+             "it routed, load-guarded, else the smallest tree).")] = "round-robin",
     concurrency: Annotated[int | None, typer.Option(
         help="Closed loop: N users, each sending its next request when its previous one "
              "ends (instead of open-loop arrivals).")] = None,

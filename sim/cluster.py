@@ -29,6 +29,12 @@ run is deterministic):
   imbalanced (the BALANCE thresholds below), else the replica whose cache holds the
   longest prefix of the prompt when that covers more than CACHE_THRESHOLD of it, else
   least-kv.
+- ``cache-aware-approx``: the SGLang router's ``cache_aware`` as it ships, with its
+  approximate tree (sim/router_tree.py) of the prompts it routed instead of the caches
+  themselves: the same load guard (routing by load inserts the prompt too), else the
+  replica holding the longest routed prefix when that covers more than CACHE_THRESHOLD
+  of the prompt, else the replica whose tree is smallest; the prompt is then recorded
+  under the chosen replica. Needs no cache to run (it decides where prefixes would be).
 
 With ``--prefix-cache`` each replica has its own cache; the summary's ``prefix_cache``
 sums their statistics, and each per-replica summary has its own.
@@ -53,11 +59,14 @@ from sim.kv_cache import KVCacheManager
 from sim.latency_stats import ItlSamples
 from sim.metrics import Recorder, summarize
 from sim.prefix_cache import PrefixCachingKV, cache_summary, make_kv
+from sim.prefix_content import Segments, unique_segment_id
 from sim.request import Request
+from sim.router_tree import ApproxPrefixTree, prompt_path
 from sim.simulate import SimResult
 from sim.source import ArrivalSource, ClosedLoopArrivals
 
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cache-aware")
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cache-aware",
+           "cache-aware-approx")
 # cache-aware: the values the SGLang model gateway (SMG) documents for its cache_aware
 # policy (docs/getting-started/load-balancing.md): route by load when the busiest and
 # the idlest replica differ by more than 64 outstanding requests and by more than 1.5x;
@@ -137,12 +146,15 @@ class Inbox:
 
 class Router:
     """Routes each arrival of ``source`` to one of ``replicas`` by ``policy`` (ROUTERS).
+    ``segments``: a request's prompt as segments, for cache-aware-approx (default: its
+    ``prompt_segments``, else a segment of its own).
 
     Raises ValueError naming router for an unknown policy.
     """
 
     def __init__(self, env: simpy.Environment, source: ArrivalSource,
-                 replicas: list[Replica], policy: str) -> None:
+                 replicas: list[Replica], policy: str,
+                 segments: Callable[[Request], Segments] | None = None) -> None:
         if policy not in ROUTERS:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {policy!r}")
         if policy == "cache-aware" and not all(isinstance(r.kv, PrefixCachingKV)
@@ -156,6 +168,9 @@ class Router:
         self._count = 0
         self._timer_at: float | None = None
         self._closed = source if isinstance(source, ClosedLoopArrivals) else None
+        self._segments = segments or _own_segments
+        self._tree = (ApproxPrefixTree(len(replicas)) if policy == "cache-aware-approx"
+                      else None)
 
     def exhausted(self) -> bool:
         """No request is left to route, now or later."""
@@ -165,6 +180,8 @@ class Router:
 
     def advance(self, now: float) -> None:
         """Route every request that has arrived by ``now``; wake idle engines it reaches."""
+        if self._tree is not None:
+            self._tree.evict_due(now)
         for req in self.source.pop_arrived(now):
             rep = self._choose(req)
             self._count += 1
@@ -209,6 +226,8 @@ class Router:
 
     def _choose(self, req: Request) -> Replica:
         reps = self.replicas
+        if self._tree is not None:
+            return self._choose_approx(req, self._tree)
         if self.policy == "round-robin":
             return reps[self._count % len(reps)]
         if self.policy == "least-outstanding" or (
@@ -221,6 +240,26 @@ class Router:
             if hits[best.index] > CACHE_THRESHOLD * req.num_prompt_tokens:
                 return best
         return min(reps, key=lambda r: (r.kv_load(), r.outstanding, len(r.routed), r.index))
+
+    def _choose_approx(self, req: Request, tree: ApproxPrefixTree) -> Replica:
+        """cache-aware-approx (sgl-router ``CacheAwarePolicy::select_worker``): by load
+        when imbalanced, else by the tree's longest match above CACHE_THRESHOLD, else the
+        smallest tree; the prompt is inserted under the replica chosen."""
+        reps = self.replicas
+        path = prompt_path(self._segments(req))
+        if self._imbalanced():
+            rep = min(reps, key=lambda r: (r.outstanding, len(r.routed), r.index))
+        else:
+            matched, holders = tree.match(path)
+            if matched > CACHE_THRESHOLD * req.num_prompt_tokens:
+                rep = min((reps[t] for t in holders),
+                          key=lambda r: (r.outstanding, len(r.routed), r.index))
+            else:
+                size = tree.size_tokens
+                rep = min(reps, key=lambda r: (size[r.index], r.outstanding, len(r.routed),
+                                               r.index))
+        tree.insert(path, rep.index)
+        return rep
 
     def _imbalanced(self) -> bool:
         """The cache-aware router's load guard: outstanding requests of the busiest and
@@ -237,6 +276,7 @@ def simulate_cluster(
     slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
     progress: Callable[[int], None] | None = None, slice_s: float = math.inf,
     on_release: ReleaseHook | None = None, fast_path: bool = True,
+    prompt_segments: Callable[[Request], Segments] | None = None,
 ) -> SimResult:
     """Simulate ``num_replicas`` identical engines (each its own policy, KV pool or prefix
     cache, and cost model) behind ``router`` until every request has finished or been
@@ -247,15 +287,16 @@ def simulate_cluster(
     summaries. ``fast_path``: the engines' steady runs and decode groups
     (sim/fastpath.py), each run ending before the router's next routing instant; False,
     or closed-loop clients (whose next arrival a release inside another replica's run may
-    bring forward), step by step. Raises ValueError for num_replicas < 1 or an unknown
-    router, SchedulerStuck as one engine does.
+    bring forward), step by step. ``prompt_segments``: each request's prompt as
+    segments, for the cache-aware-approx router (see Router). Raises ValueError for
+    num_replicas < 1 or an unknown router, SchedulerStuck as one engine does.
     """
     if int(num_replicas) != num_replicas or num_replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {num_replicas!r}")
     env = simpy.Environment()
     reps = [Replica(i, make_kv(config.prefix_cache, num_gpu_blocks, block_size), Recorder())
             for i in range(num_replicas)]
-    rt = Router(env, source, reps, router)
+    rt = Router(env, source, reps, router, prompt_segments)
 
     def release(req: Request, now: float) -> None:
         if on_release is not None:
@@ -310,6 +351,11 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     summary["prefix_cache"] = cache_summary([r.kv for r in reps], block_size)
     summary["replicas"] = per_replica
     return SimResult(requests, steps, itl_all, summary)
+
+
+def _own_segments(req: Request) -> Segments:
+    """A request's ``prompt_segments``, or one segment of its own."""
+    return req.prompt_segments or ((unique_segment_id(req.request_id), req.num_prompt_tokens),)
 
 
 def _with_replica(table: dict[str, np.ndarray], replica: int) -> dict[str, np.ndarray]:

@@ -29,7 +29,7 @@ from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepExecutor, StepObserver
 from sim.metrics import compress_steps
-from sim.prefix_content import mooncake_segments
+from sim.prefix_content import Segments, mooncake_segments, unique_segment_id
 from sim.prefix_slots import PrefixSlotTable
 from sim.request import Request
 from sim.simulate import SimResult, simulate
@@ -265,7 +265,8 @@ def simulate_prepared(
         from sim.cluster import simulate_cluster
 
         return simulate_cluster(arrivals, num_replicas=cfg.replicas, router=cfg.router,
-                                fast_path=fast_path, **common)
+                                fast_path=fast_path, prompt_segments=workload_segments(w),
+                                **common)
     result = simulate(arrivals, observer=observer, executor=executor, fast_path=fast_path,
                       **common)
     result.summary["replicas"] = [{"replica": 0, "num_routed": len(w), **result.summary}]
@@ -316,16 +317,31 @@ def prompt_content(w: Workload, block_size: int, replicas: int = 1) -> ContentFn
     return content
 
 
-def segments_content(w: Workload) -> ContentFn:
-    """Each request's ``prompt_segments``: the workload's own, or its Mooncake
-    ``hash_ids`` read by ``mooncake_segments``."""
+def workload_segments(w: Workload) -> Callable[[Request], Segments]:
+    """Each request's prompt as segments: the workload's own ``prompt_segments``, its
+    Mooncake ``hash_ids`` read by ``mooncake_segments``, or else one segment of the
+    request's own (a prompt of unknown content shares nothing)."""
     segments, hashes = w.prompt_segments, w.hash_ids
     prompt = w.num_prompt_tokens
 
-    def content(req: Request) -> None:
+    def of(req: Request) -> Segments:
         i = req.index
-        req.prompt_segments = (segments[i] if segments is not None else mooncake_segments(
-            hashes[i], int(prompt[i]), req.request_id))  # type: ignore[index]
+        if segments is not None:
+            return segments[i]  # type: ignore[return-value]
+        if hashes is not None:
+            return mooncake_segments(hashes[i], int(prompt[i]), req.request_id)
+        return ((unique_segment_id(req.request_id), req.num_prompt_tokens),)
+
+    return of
+
+
+def segments_content(w: Workload) -> ContentFn:
+    """Each request's ``prompt_segments``: the workload's own, or its Mooncake
+    ``hash_ids`` read by ``mooncake_segments``."""
+    of = workload_segments(w)
+
+    def content(req: Request) -> None:
+        req.prompt_segments = of(req)
 
     return content
 

@@ -106,7 +106,7 @@ def clusters(draw: st.DrawFn) -> tuple[list[Request], dict]:
         r.prompt_segments = segs
         reqs.append(r)
     cache = draw(st.sampled_from(["none", "block", "radix"]))
-    routers = ["round-robin", "least-outstanding", "least-kv"]
+    routers = ["round-robin", "least-outstanding", "least-kv", "cache-aware-approx"]
     bs = draw(st.sampled_from([1, 4, 16]))
     cfg = SchedulerConfig(
         max_num_seqs=draw(st.integers(1, 9)), max_num_batched_tokens=draw(st.integers(90, 300)),
