@@ -355,9 +355,10 @@ HEADLINE = (
 
 
 def headline_table(runs: list[RunData], table_id: str) -> str:
-    """Headline metrics, one column per run; with several runs the best value of each
-    metric that has a direction is starred."""
-    rows = []
+    """Headline metrics, one column per run, first whether the run saturated; with
+    several runs the best value of each metric that has a direction is starred."""
+    rows = [["saturated (latency not steady-state)",
+             *("YES" if r.summary.get("saturated") else "no" for r in runs)]]
     for label, path, scale, fmt, better in HEADLINE:
         vals = [_pick(path)(r.summary) for r in runs]
         cells = [_num(v, scale, fmt) for v in vals]

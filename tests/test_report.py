@@ -158,3 +158,16 @@ def test_throughput_counts_every_token() -> None:
     assert th["output_tokens_per_s"].sum() * width == pytest.approx(
         steps["num_decode_tokens"].sum() + 2)
     assert th["requests_per_s"].sum() * width == pytest.approx(2)
+
+
+def test_headline_table_says_which_runs_saturated(two_runs: list[Path]) -> None:
+    from sim.report import headline_table
+
+    runs = [load_run(p) for p in two_runs]
+    runs[1].summary = {**runs[1].summary, "saturated": True}
+    runs[0].summary = {k: v for k, v in runs[0].summary.items() if k != "saturated"}
+    html = headline_table(runs, "comparison")
+    first = html[html.index("<tr><td>"):]
+    first = first[:first.index("</tr>")]
+    assert first == ("<tr><td>saturated (latency not steady-state)</td><td>no</td>"
+                     "<td>YES</td>")
