@@ -1,8 +1,8 @@
 """HTML reports of run directories: one self-contained file that works offline.
 
 Owns loading a run directory (config.json, summary.json, requests.csv, steps.csv), the
-report's figures and tables; the page shell and HTML tables are sim/html_page.py. plotly is
-imported lazily, inside the functions that draw.
+report's figures; its tables are sim/report_tables.py, the page shell and HTML tables
+sim/html_page.py. plotly is imported lazily, inside the functions that draw.
 
 Size control, so a 19,366-request replay stays a few MB on top of plotly.js (~4.7 MB):
 - CDFs keep at most ``CDF_POINTS`` points of each empirical CDF: the sorted values at
@@ -21,7 +21,7 @@ from __future__ import annotations
 import html
 import importlib.util
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.html_page import page, table
+from sim.html_page import page
+from sim.report_tables import config_table, headline_table, latency_table
 
 CDF_POINTS = 1000
 TIMELINE_POINTS = 2000
@@ -275,100 +276,6 @@ def throughput_figure(runs: list[RunData]) -> Any:
     fig.update_layout(title=f"Throughput over time ({THROUGHPUT_BUCKETS} equal time buckets)",
                       height=600, margin={"t": 80})
     return fig
-
-
-# -- tables -------------------------------------------------------------------------------
-
-
-def _flat_config(cfg: dict[str, Any]) -> dict[str, str]:
-    out = {k: "-" if v is None else str(v) for k, v in cfg.items() if k != "resolved"}
-    for k, v in (cfg.get("resolved") or {}).items():
-        if k != "kv_plan":
-            out[f"resolved.{k}"] = "-" if v is None else str(v)
-    return out
-
-
-def config_table(runs: list[RunData]) -> str:
-    """Configuration, one column per run; rows that differ between runs are marked."""
-    flat = [_flat_config(r.config) for r in runs]
-    keys = [k for k in dict.fromkeys(k for f in flat for k in f)
-            if any(f.get(k, "-") != "-" for f in flat)]
-    rows = [[k, *(f.get(k, "-") for f in flat)] for k in keys]
-    diff = {i for i, row in enumerate(rows) if len(set(row[1:])) > 1}
-    return table(["setting", *(r.name for r in runs)], rows, table_id="config",
-                  bold_rows=diff)
-
-
-def _num(x: Any, scale: float = 1.0, fmt: str = ",.3f") -> str:
-    return "-" if x is None else format(x * scale, fmt)
-
-
-LATENCY_ROWS = (("ttft_s", "TTFT (ms)", 1000.0), ("tpot_s", "TPOT (ms)", 1000.0),
-                ("itl_s", "ITL (ms)", 1000.0), ("e2e_latency_s", "E2E latency (s)", 1.0),
-                ("queued_time_s", "queueing time (s)", 1.0))
-
-
-def latency_table(run: RunData) -> str:
-    """mean / p50 / p90 / p95 / p99 / max of each latency metric of one run."""
-    stats = ("mean", "p50", "p90", "p95", "p99", "max")
-    rows = [[label, *(_num(run.summary[key][s], scale, ",.1f" if scale > 1 else ",.3f")
-                      for s in stats)] for key, label, scale in LATENCY_ROWS]
-    return table(["metric", *stats], rows)
-
-
-def _pick(path: str) -> Callable[[dict[str, Any]], Any]:
-    def get(summary: dict[str, Any]) -> Any:
-        v: Any = summary
-        for part in path.split("."):
-            v = None if v is None else v.get(part)
-        return v
-    return get
-
-
-#: (label, summary path, scale, format, better) for the headline and comparison tables.
-HEADLINE = (
-    ("requests finished", "num_finished", 1, ",d", "higher"),
-    ("requests rejected", "num_rejected", 1, ",d", "lower"),
-    ("duration (s)", "duration_s", 1, ",.2f", ""),
-    ("throughput (req/s)", "throughput.requests_per_s", 1, ",.3f", "higher"),
-    ("output tokens/s", "throughput.output_tokens_per_s", 1, ",.1f", "higher"),
-    ("total tokens/s", "throughput.total_tokens_per_s", 1, ",.1f", "higher"),
-    ("goodput (req/s)", "goodput_requests_per_s", 1, ",.3f", "higher"),
-    ("TTFT p50 (ms)", "ttft_s.p50", 1000, ",.1f", "lower"),
-    ("TTFT p99 (ms)", "ttft_s.p99", 1000, ",.1f", "lower"),
-    ("TPOT p50 (ms)", "tpot_s.p50", 1000, ",.2f", "lower"),
-    ("TPOT p99 (ms)", "tpot_s.p99", 1000, ",.2f", "lower"),
-    ("E2E p50 (s)", "e2e_latency_s.p50", 1, ",.3f", "lower"),
-    ("E2E p99 (s)", "e2e_latency_s.p99", 1, ",.3f", "lower"),
-    ("queueing p99 (s)", "queued_time_s.p99", 1, ",.3f", "lower"),
-    ("preemptions", "num_preemptions", 1, ",d", "lower"),
-    ("prefix cache hit rate (tokens)", "prefix_cache.hit_rate_tokens", 1, ".1%", "higher"),
-    ("prefill tokens saved", "prefix_cache.prefill_tokens_saved", 1, ",d", "higher"),
-    ("prefix cache evictions (blocks)", "prefix_cache.evictions", 1, ",d", ""),
-    ("KV cache peak usage", "kv_cache.peak_usage", 1, ".1%", ""),
-    ("KV cache mean usage", "kv_cache.mean_usage", 1, ".1%", ""),
-    ("mean batch (seqs)", "batch.mean_num_seqs", 1, ",.1f", ""),
-    ("slots useful", "slots.useful_fraction", 1, ".1%", "higher"),
-    ("slots held idle", "slots.idle_fraction", 1, ".1%", "lower"),
-    ("slots empty", "slots.empty_fraction", 1, ".1%", ""),
-)
-
-
-def headline_table(runs: list[RunData], table_id: str) -> str:
-    """Headline metrics, one column per run, first whether the run saturated; with
-    several runs the best value of each metric that has a direction is starred."""
-    rows = [["saturated (latency not steady-state)",
-             *("YES" if r.summary.get("saturated") else "no" for r in runs)]]
-    for label, path, scale, fmt, better in HEADLINE:
-        vals = [_pick(path)(r.summary) for r in runs]
-        cells = [_num(v, scale, fmt) for v in vals]
-        known = [v for v in vals if v is not None]
-        if len(runs) > 1 and better and known and len(set(known)) > 1:
-            best = max(known) if better == "higher" else min(known)
-            cells = [c + " *" if v == best else c for c, v in zip(cells, vals, strict=True)]
-        rows.append([label + (f" ({better} is better)" if len(runs) > 1 and better else ""),
-                     *cells])
-    return table(["metric", *(r.name for r in runs)], rows, table_id=table_id)
 
 
 def report_parts(runs: list[RunData]) -> list[str | Any]:

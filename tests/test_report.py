@@ -161,7 +161,7 @@ def test_throughput_counts_every_token() -> None:
 
 
 def test_headline_table_says_which_runs_saturated(two_runs: list[Path]) -> None:
-    from sim.report import headline_table
+    from sim.report_tables import headline_table
 
     runs = [load_run(p) for p in two_runs]
     runs[1].summary = {**runs[1].summary, "saturated": True}
