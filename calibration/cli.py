@@ -9,6 +9,9 @@ exit code 1. torch is imported only when measuring.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -19,6 +22,7 @@ from rich.table import Table
 
 from calibration.fit import FEATURES, FitRejected, FitResult, fit_points
 from calibration.profile import Profile, load_profile, profile_from_measurement, refit, save_profile
+from calibration.specs import ModelSpec
 
 INSTALL_HINT = "install the calibration extra: pip install 'servesim[calibration]'"
 
@@ -63,6 +67,63 @@ def _save(profile: Profile, out: Path) -> None:
         _fail(f"cannot write {out}: {exc.strerror or exc}")
 
 
+def check_out(target: Path) -> None:
+    """Refuse, before any measuring, a --out that cannot take the profile: a directory
+    (``--out ''`` is the current one), a missing or read-only folder. Raises ValueError
+    naming --out; the check creates and removes a temporary file in the folder."""
+    if target.is_dir():
+        shown = "'' or '.' (the current directory)" if str(target) == "." else str(target)
+        raise ValueError(f"--out: {shown} is a directory; give a profile file name such "
+                         "as cpu-qwen2.5-0.5b.json")
+    folder = target.parent
+    if not folder.is_dir():
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise ValueError(f"--out: cannot write {target}: folder {folder} {what}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".tmp"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out: cannot write {target}: folder {folder} is not writable "
+                         f"({exc.strerror or exc})") from exc
+
+
+def check_run_options(seed: int, threads: int | None) -> None:
+    """Raises ValueError naming --seed (must be >= 0, as every command's) or --threads
+    (0, torch's default, up to this machine's CPU count: more only oversubscribes it, and
+    a huge count crashes torch)."""
+    if seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed}")
+    cpus = os.cpu_count() or 1
+    if threads is not None and not 0 <= threads <= cpus:
+        raise ValueError(f"--threads must be between 0 (torch's default) and {cpus} (this "
+                         f"machine's CPUs), got {threads}")
+
+
+def model_spec(model: str, config: Path | None) -> ModelSpec:
+    """The preset ``model``, or the spec of a Hugging Face config.json (a file or a folder
+    holding one). Raises ValueError naming --config and the file when it cannot be read,
+    is not a JSON object or lacks what a spec needs; the preset lookup's ValueError."""
+    from calibration.specs import get_model
+
+    if config is None:
+        return get_model(model)
+    file = config / "config.json" if config.is_dir() else config
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--config {file}: cannot read it ({exc.strerror or exc})") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"--config {file}: not a JSON file ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {file}: expected a Hugging Face config.json (a JSON "
+                         f"object), got {type(data).__name__}")
+    try:
+        return ModelSpec.from_hf_config(file)
+    except (ValueError, TypeError) as exc:
+        msg = str(exc).removeprefix(f"{file}: ")
+        raise ValueError(f"--config {file}: {msg}") from exc
+
+
 def calibrate(
     model: Annotated[str, typer.Option(
         help="Model preset to measure (see `servesim list`); ignored with --config.")
@@ -102,20 +163,24 @@ def calibrate(
     and write a versioned profile (`servesim run --profile FILE` uses it)."""
     console = Console()
     if refit_path is not None:
+        try:
+            if out is not None:
+                check_out(out)
+        except ValueError as exc:
+            _fail(str(exc))
         _refit(console, refit_path, out or refit_path, force)
         return
     from calibration.grid import GridConfig
     from calibration.measure import measure
-    from calibration.specs import ModelSpec, get_model
 
     try:
-        spec = ModelSpec.from_hf_config(config) if config is not None else get_model(model)
+        check_run_options(seed, threads)
+        spec = model_spec(model, config)
         grid = GridConfig(max_num_seqs, max_num_batched_tokens, max_context, repeats)
+        target = out or Path(f"{device.split(':')[0]}-{spec.name}.json")
+        check_out(target)
     except (ValueError, OSError) as exc:
         _fail(str(exc))
-    target = out or Path(f"{device.split(':')[0]}-{spec.name}.json")
-    if not target.parent.is_dir():
-        _fail(f"cannot write {target}: folder {target.parent} does not exist")
     if importlib.util.find_spec("torch") is None:
         _fail(f"torch is not installed; {INSTALL_HINT}")
     start = time.perf_counter()

@@ -203,9 +203,9 @@ def plan_for(
 
 def check_max_model_len(plan: KVCachePlan, max_model_len: int) -> None:
     """Raise ValueError (as vLLM does at start-up) when one request of max_model_len tokens
-    cannot fit in the whole KV cache."""
-    if max_model_len < 1:
-        raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+    cannot fit in the whole KV cache, or for max_model_len < 2 (as SchedulerConfig)."""
+    if max_model_len < 2:
+        raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
     if max_model_len > plan.kv_capacity_tokens:
         raise ValueError(
             f"max_model_len ({max_model_len}) is larger than the maximum number of tokens that "

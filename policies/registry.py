@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -26,18 +27,47 @@ POLICIES: dict[str, type] = {
 def get_policy_class(name: str) -> type:
     """A built-in policy by name, or ``module:Class`` from the user's code.
 
-    Raises ValueError naming the known policies, or the module/class that failed to load.
+    Raises ValueError naming the known policies, the module/class that failed to load, an
+    empty module or class name, or an object that is not a policy class (_check_policy_class).
     """
     if name in POLICIES:
         return POLICIES[name]
     if ":" in name:
         mod_name, _, cls_name = name.rpartition(":")
+        if not mod_name or not cls_name:
+            raise ValueError(f"policy {name!r}: expected module:Class or path/to/file.py:Class "
+                             "with both parts non-empty")
         mod = _load_module(name, mod_name)
         cls = getattr(mod, cls_name, None)
         if cls is None:
             raise ValueError(f"policy {name!r}: module {mod_name!r} has no {cls_name!r}")
-        return cls
+        return _check_policy_class(name, cls)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)} or module:Class")
+
+
+#: The methods the engine calls on a policy (sim.engine.Scheduler; num_waiting may be an
+#: instance attribute, so it is not looked for on the class).
+_ENGINE_METHODS = ("add_request", "schedule", "on_step_end", "has_unfinished_requests",
+                   "stuck_request")
+
+
+def _check_policy_class(name: str, cls: object) -> type:
+    """``cls`` when it is a concrete class with the engine's methods (so a function, an
+    exception, a protocol or an abstract base such as QueuePolicy is refused before a run).
+
+    Raises ValueError naming the policy and what is missing.
+    """
+    expected = "a class with schedule(now) and the other Scheduler methods, see policies/base.py"
+    if not isinstance(cls, type):
+        raise ValueError(f"policy {name!r} is not a policy class ({expected})")
+    missing = [m for m in _ENGINE_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"policy {name!r} is not a policy class ({expected}); "
+                         f"missing: {', '.join(missing)}")
+    if getattr(cls, "_is_protocol", False) or inspect.isabstract(cls):
+        raise ValueError(f"policy {name!r} is a protocol or abstract class, not a policy class "
+                         f"({expected})")
+    return cls
 
 
 def _load_module(name: str, mod_name: str) -> ModuleType:

@@ -21,12 +21,14 @@ bad row ("trace.csv line 7: ContextTokens 'abc' is not an integer"; line 1 is th
 
 from __future__ import annotations
 
+import codecs
 import csv
 import datetime
 import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,9 +44,23 @@ _AZURE_TIMESTAMP = re.compile(r"\s*\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,
 
 
 def _read_lines(path: Path) -> list[str]:
-    if not path.is_file():
+    """The file's lines, trailing blank lines dropped. Raises FileNotFoundError when it
+    does not exist; ValueError when it is a directory, not a regular file (a device, a
+    pipe), empty, or not UTF-8 text (naming the line)."""
+    if not path.exists():
         raise FileNotFoundError(f"trace file not found: {path}")
-    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    if path.is_dir():
+        raise ValueError(f"trace {path} is a directory; give a trace file")
+    if not path.is_file():
+        raise ValueError(f"trace {path} is not a regular file")
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path.name} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}); "
+                         "a trace is a UTF-8 CSV or JSON Lines file") from None
+    lines = text.splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
@@ -85,14 +101,29 @@ def detect_format(path: Path, lines: list[str] | None = None) -> str:
     )
 
 
-def _parse_int(text: str, field: str, where: str, minimum: int | None = 1) -> int:
+#: The largest integer a trace field may hold: the workload's columns are int64.
+_INT_MAX = 2**63 - 1
+
+
+def _parse_int(text: str, field: str, where: str, minimum: int | None = 1,
+               bounded: bool = True) -> int:
     try:
         value = int(text)
     except ValueError:
         raise ValueError(f"{where}: {field} {text!r} is not an integer") from None
+    _check_range(value, field, where, minimum, bounded)
+    return value
+
+
+def _check_range(value: int, field: str, where: str, minimum: int | None,
+                 bounded: bool = True) -> None:
+    """ValueError naming ``where`` and ``field`` when ``value`` is below ``minimum`` or
+    (``bounded``: a count or a priority, not an identifier) outside int64."""
     if minimum is not None and value < minimum:
         raise ValueError(f"{where}: {field} {value} must be >= {minimum}")
-    return value
+    if bounded and abs(value) > _INT_MAX:
+        raise ValueError(f"{where}: {field} {value} is out of range (at most 2**63 - 1 "
+                         "in magnitude)")
 
 
 def _rows(path: Path, lines: list[str], required: tuple[str, ...]
@@ -160,8 +191,8 @@ def _load_azure(path: Path, lines: list[str]) -> Workload:
     if bulk is not None:
         ns_col, prompt_col, out_col = bulk
         arrival = (ns_col - ns_col.min()).astype(np.float64) / _NS_PER_S
-        return Workload.from_arrays(arrival, prompt_col, out_col,
-                                    source=f"azure trace {path.name}")
+        return _workload(path, arrival, prompt_col, out_col,
+                         source=f"azure trace {path.name}")
     dates: dict[str, int] = {}
     ns, prompt, out = [], [], []
     for n, row in rows:
@@ -171,7 +202,15 @@ def _load_azure(path: Path, lines: list[str]) -> Workload:
         out.append(_parse_int(row[io], "GeneratedTokens", where))
     t0 = min(ns)
     arrival = np.array([t - t0 for t in ns], dtype=np.float64) / _NS_PER_S
-    return Workload.from_arrays(arrival, prompt, out, source=f"azure trace {path.name}")
+    return _workload(path, arrival, prompt, out, source=f"azure trace {path.name}")
+
+
+def _workload(path: Path, *args: Any, **kwargs: Any) -> Workload:
+    """Workload.from_arrays; its ValueError is raised with the file's name in front."""
+    try:
+        return Workload.from_arrays(*args, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{path.name}: {e}") from None
 
 
 def _json_int(obj: dict[str, object], field: str, where: str, minimum: int) -> int:
@@ -180,8 +219,7 @@ def _json_int(obj: dict[str, object], field: str, where: str, minimum: int) -> i
         raise ValueError(f"{where}: missing field {field}")
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{where}: {field} {value!r} is not an integer")
-    if value < minimum:
-        raise ValueError(f"{where}: {field} {value} must be >= {minimum}")
+    _check_range(value, field, where, minimum)
     return value
 
 
@@ -196,6 +234,9 @@ def _load_mooncake(path: Path, lines: list[str]) -> Workload:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{where}: invalid JSON ({err.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{where}: JSON nested too deeply to read (a Mooncake line "
+                             "is one flat object)") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         ms.append(_json_int(obj, "timestamp", where, minimum=0))
@@ -209,8 +250,8 @@ def _load_mooncake(path: Path, lines: list[str]) -> Workload:
             raise ValueError(f"{where}: hash_ids must be a list of integers")
         hashes.append(tuple(row_hashes))
     arrival = np.asarray(ms, dtype=np.float64) / 1000.0
-    return Workload.from_arrays(
-        arrival, prompt, out, hash_ids=hashes if any_hashes else None,
+    return _workload(
+        path, arrival, prompt, out, hash_ids=hashes if any_hashes else None,
         source=f"mooncake trace {path.name}",
     )
 
@@ -249,12 +290,12 @@ def _load_servesim(path: Path, lines: list[str]) -> Workload:
         text = cell(row, "priority")
         priority.append(_parse_int(text, "priority", where, None) if text else 0)
         ids.append(cell(row, "request_id") or str(n - 2))
-        hashes.append(tuple(_parse_int(h, "hash_ids", where, None)
+        hashes.append(tuple(_parse_int(h, "hash_ids", where, None, bounded=False)
                             for h in cell(row, "hash_ids").split()))
         segments.append(tuple(_parse_segment(x, where)
                               for x in cell(row, "prompt_segments").split()))
-    return Workload.from_arrays(
-        arrival, prompt, out, max_tokens=cap, priority=priority, request_id=ids,
+    return _workload(
+        path, arrival, prompt, out, max_tokens=cap, priority=priority, request_id=ids,
         hash_ids=hashes if "hash_ids" in index else None, source=f"servesim trace {path.name}",
         prompt_segments=segments if "prompt_segments" in index else None,
     )

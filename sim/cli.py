@@ -23,8 +23,8 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 # Bad input and file-system refusals (a missing file, a directory where a file goes, no
-# permission): one line, exit 1.
-INPUT_ERRORS = (ValueError, OSError)
+# permission), and a workload too large for memory: one line, exit 1.
+INPUT_ERRORS = (ValueError, OSError, MemoryError)
 
 
 def fail(message: str) -> NoReturn:
@@ -223,6 +223,7 @@ def run(
     and config.json to --out."""
     from sim.compare import cell_config, parse_cells
     from sim.engine import SchedulerStuck
+    from sim.out_dir import check_run_dir
     from sim.runner import RunConfig, check_router, prepare, write_run
 
     try:
@@ -246,8 +247,10 @@ def run(
         cells = parse_cells(compare) if compare is not None else None
         for c in cells or []:  # every cell checked before any output
             cell_config(cfg, c)
+            check_run_dir(out / c.dir_name)
         if cells is None:
             check_router(cfg)
+            check_run_dir(out)
         prep = prepare(cfg)
     except INPUT_ERRORS as e:
         fail(str(e))
@@ -262,6 +265,8 @@ def run(
         console.print(scale_out_line(cfg))
     if cells is not None:
         _compare(prep, cells, out)
+        if report:  # one report over every cell
+            _write_report([out / c.dir_name for c in cells], out / "report.html")
         return
     try:
         result = _run_with_progress(prep)
@@ -331,7 +336,8 @@ def report(
 ) -> None:
     """One self-contained HTML report (works offline) of one or more runs: configuration,
     summary and comparison tables, latency CDFs, the step timeline and throughput."""
-    from sim.report import kaleido_missing, load_runs, report_figures, write_pngs
+    from sim.report import kaleido_missing, report_figures, write_pngs
+    from sim.run_dir import load_runs
 
     if png is not None and (reason := kaleido_missing()):
         fail(reason)

@@ -75,8 +75,9 @@ def sweep(
 ) -> None:
     """Run a grid of what-if cells (every combination of the comma-separated values) on
     the same seeded workload, in parallel; write sweep.csv, sweep.json and sweep.html."""
+    from sim.out_dir import check_files
     from sim.runner import RunConfig
-    from sim.sweep import Grid, check_router_cells, run_sweep, write_sweep
+    from sim.sweep import Grid, check_cells, run_sweep, write_sweep
 
     try:
         grid = Grid.parse({
@@ -92,7 +93,10 @@ def sweep(
                          scenario=scenario, arrival=arrival, num_requests=num_requests,
                          window=window, max_tokens=max_tokens, step_time=step_time,
                          profile=profile, router=router, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
-        check_router_cells(base, grid)
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        check_cells(base, grid)
+        check_files(out, ("sweep.csv", "sweep.json", "sweep.html"))
     except INPUT_ERRORS as e:
         fail(str(e))
     n = len(grid.cells()) * len(grid.seeds)
@@ -205,6 +209,7 @@ def plan(
     grid and the replicas (GPUs) a target needs, confirmed by a cluster simulation; write
     capacity.md, capacity.html and plan.json."""
     from sim.backends import Executor
+    from sim.out_dir import check_files
     from sim.plan import PlanSpec, run_plan
     from sim.plan_probe import SLO
     from sim.plan_report import answer_lines, write_plan
@@ -214,6 +219,7 @@ def plan(
     try:
         spec = _plan_spec(locals(), Grid, RunConfig, SLO, PlanSpec)
         executor = Executor(workers, backend, address)
+        check_files(out, ("capacity.md", "capacity.html", "plan.json"))
     except INPUT_ERRORS as e:
         fail(str(e))
     console.print(f"plan: {len(spec.grid.cells())} config(s) x {len(spec.grid.seeds)} seed(s), "
@@ -233,13 +239,19 @@ def plan(
 
 def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
                spec_cls: Any) -> Any:
-    """The PlanSpec of the plan command's arguments ``a``; ValueError on bad input."""
-    from sim.sweep import check_router_cells
+    """The PlanSpec of the plan command's arguments ``a``, every config checked as its
+    first probe would build it (sweep.check_cells); ValueError on bad input."""
+    from sim.plan_probe import with_load
+    from sim.sweep import check_cells
 
     if a["load"] == "concurrency" and a["target_rate"] is not None:
         raise ValueError("with --load concurrency give --target-concurrency, not --target-rate")
     if a["load"] == "rate" and a["target_concurrency"] is not None:
         raise ValueError("--target-concurrency needs --load concurrency")
+    if not (math.isfinite(a["start"]) and a["start"] > 0):
+        raise ValueError(f"start must be a finite load > 0, got {a['start']}")
+    if a["check_requests"] is not None and a["check_requests"] < 1:
+        raise ValueError(f"check_requests must be >= 1, got {a['check_requests']}")
     grid = grid_cls.parse({k: a[k] for k in (
         "policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
         "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")}, a["seeds"])
@@ -249,7 +261,9 @@ def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
                    scenario=a["scenario"], burstiness=a["burstiness"],
                    num_requests=a["num_requests"], max_tokens=a["max_tokens"],
                    step_time=a["step_time"], profile=a["profile"])
-    check_router_cells(dataclasses.replace(base, router=a["router"]), grid)
+    seed = grid.seeds[0] if grid.seeds else 0
+    check_cells(dataclasses.replace(base, router=a["router"]), grid,
+                lambda c: with_load(c, a["load"], max(a["start"], 1.0), seed))
     target = a["target_rate"] if a["load"] == "rate" else a["target_concurrency"]
     return spec_cls(base, slo_cls(a["slo_ttft"], a["slo_tpot"], a["slo_percentile"]), grid,
                     load_axis=a["load"], target=target, start=a["start"],

@@ -117,6 +117,7 @@ def validate(
     validation.html and both run directories to --out, and print the error table."""
     from sim.engine import SchedulerStuck
     from sim.validate import (
+        check_validation_out,
         error_table,
         prepare_validation,
         run_validation,
@@ -136,6 +137,7 @@ def validate(
             num_gpu_blocks=num_gpu_blocks,
             long_prefill_token_threshold=long_prefill_token_threshold, queue=queue,
             preemption_mode=preemption_mode)
+        check_validation_out(out)  # before measuring: nothing is lost at the end
         prep, real = prepare_validation(cfg, device, timer, repeats)
     except INPUT_ERRORS as e:
         fail(str(e))

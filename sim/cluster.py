@@ -62,7 +62,7 @@ from sim.prefix_cache import PrefixCachingKV, cache_summary, make_kv
 from sim.prefix_content import Segments, unique_segment_id
 from sim.request import Request
 from sim.router_tree import ApproxPrefixTree, prompt_path
-from sim.simulate import SimResult
+from sim.simulate import SimResult, progress_slices
 from sim.source import ArrivalSource, ClosedLoopArrivals
 
 ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cache-aware",
@@ -313,8 +313,10 @@ def simulate_cluster(
         procs.append(engine.start())
     rt.set_timer()
     done = simpy.AllOf(env, procs)
-    while not done.triggered:
-        env.run(until=done if math.isinf(slice_s) else env.now + slice_s)
+    for length in progress_slices(slice_s):
+        if done.triggered:
+            break
+        env.run(until=done if math.isinf(length) else env.now + length)
         if progress is not None:
             progress(sum(r.recorder.num_requests for r in reps))
     return _merge(reps, config.max_num_seqs, num_gpu_blocks, block_size, slo_ttft_s,

@@ -22,7 +22,8 @@ from rich.table import Table
 
 from policies.registry import get_policy_class
 from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, PREFIX_CACHE_MODES, QUEUE_ORDERS
-from sim.runner import Prepared, RunConfig, check_router, write_run
+from sim.out_dir import check_run_dir, commit_dirs, discard
+from sim.runner import Prepared, RunConfig, check_router, stage_run
 from sim.simulate import SimResult
 
 #: Modifier value -> the RunConfig / SchedulerConfig field it sets.
@@ -101,13 +102,24 @@ def run_compare(
     simulate_fn: Callable[[Prepared], SimResult],
 ) -> list[tuple[Cell, dict[str, Any]]]:
     """Simulate every cell on the base workload, write ``out/<cell>/`` for each, and
-    return (cell, summary) pairs in order."""
-    results = []
+    return (cell, summary) pairs in order. The cells' run directories are staged as
+    they finish and swapped in together at the end, so a cell that fails leaves every
+    previous run directory as it was; each is checked before the first simulation
+    (sim/out_dir.py: ValueError for one that is not a run directory)."""
     for cell in cells:
-        prep = cell_prepared(base, cell)
-        res = simulate_fn(prep)
-        write_run(Path(out) / cell.dir_name, prep, res)
-        results.append((cell, res.summary))
+        check_run_dir(Path(out) / cell.dir_name)
+    results, staged = [], []
+    try:
+        for cell in cells:
+            prep = cell_prepared(base, cell)
+            res = simulate_fn(prep)
+            path = Path(out) / cell.dir_name
+            staged.append((stage_run(path, prep, res), path))
+            results.append((cell, res.summary))
+    except BaseException:
+        discard(staged)
+        raise
+    commit_dirs(staged)
     return results
 
 

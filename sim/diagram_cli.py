@@ -33,27 +33,95 @@ def base_config(run_dir: Path | None, scenario: str | None, trace: str | None,
     """The RunConfig to diagram: a run directory's config.json, or a scenario / trace,
     with the non-None ``overrides`` applied (teaching defaults to 4 slots).
 
-    Raises ValueError on conflicting sources, FileNotFoundError on a missing config.json.
+    Raises ValueError on conflicting sources or a bad config.json (saved_config),
+    FileNotFoundError on a missing one.
     """
     import dataclasses
-    import json
 
     from sim.runner import RunConfig
 
     if run_dir is not None:
         if scenario is not None or trace is not None:
             raise ValueError("give a run directory or --scenario / --trace, not both")
-        path = Path(run_dir) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: not a servesim run directory")
-        saved = json.loads(path.read_text())
-        names = {f.name for f in dataclasses.fields(RunConfig)}
-        cfg = RunConfig(**{k: v for k, v in saved.items() if k in names})
+        cfg = saved_config(Path(run_dir))
     else:
         cfg = RunConfig(scenario=scenario, trace=trace)
         if scenario == "teaching" and overrides.get("max_num_seqs") is None:
             overrides = {**overrides, "max_num_seqs": TEACHING_SLOTS}
     return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+#: JSON types a RunConfig field annotation admits (bool is not an int here), and words.
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),),
+}
+_JSON_WORDS = {"int": "an integer", "float": "a number", "str": "a string",
+               "bool": "true or false", "None": "null"}
+
+
+def saved_config(run_dir: Path) -> RunConfig:
+    """The RunConfig saved in ``run_dir/config.json`` (keys it does not know ignored).
+
+    Raises FileNotFoundError when there is none; ValueError naming the file when
+    ``run_dir`` is not a directory, the file is not a JSON object, a value has the wrong
+    type for its field, or RunConfig refuses a value.
+    """
+    import dataclasses
+    import json
+
+    from sim.runner import RunConfig
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} is not a directory")
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: not a servesim run directory")
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid JSON ({type(e).__name__}: "
+                         f"{str(e)[:200]})") from e
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(saved).__name__}")
+    fields = {f.name: str(f.type) for f in dataclasses.fields(RunConfig)}
+    kept = {k: v for k, v in saved.items() if k in fields}
+    for key, value in kept.items():
+        kinds = [_JSON_TYPES.get(t.strip()) for t in fields[key].split("|")]
+        if None not in kinds and not any(
+                isinstance(value, k) and (bool in k or not isinstance(value, bool))
+                for k in kinds if k is not None):
+            allowed = " or ".join(_JSON_WORDS[t.strip()] for t in fields[key].split("|"))
+            raise ValueError(f"{path}: {key} must be {allowed}, got {value!r}")
+    try:
+        return RunConfig(**kept)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def policy_names(policies: str | None, default: str) -> list[str]:
+    """``--policies`` split at commas (``default`` when not given).
+
+    Raises ValueError naming --policies when an entry is empty."""
+    if policies is None:
+        return [p.strip() for p in default.split(",") if p.strip()]
+    names = [p.strip() for p in policies.split(",")]
+    if not all(names):
+        raise ValueError("--policies: expected comma-separated policy names without empty "
+                         f"entries, got {policies!r}")
+    return names
+
+
+def check_out_file(path: Path | None, option: str) -> None:
+    """Refuse, before any work, an output file that cannot be written: a directory, or
+    one whose folder is missing or not a directory. Raises ValueError naming ``option``."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"{option}: {path} is a directory; give a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ValueError(f"{option}: cannot write {path}: its folder {parent} {what}")
 
 
 def diagram_cli(
@@ -79,10 +147,11 @@ def diagram_cli(
         reason = kaleido_missing()
         if reason:
             raise ValueError(reason)
+    check_out_file(html_out, "--html")
+    check_out_file(png_out, "--png")
     cfg = base_config(run_dir, scenario, trace, overrides)
     default = policies is None and scenario == "teaching"
-    names = [p.strip() for p in (policies or (TEACHING_POLICIES if default else cfg.policy))
-             .split(",") if p.strip()]
+    names = policy_names(policies, TEACHING_POLICIES if default else cfg.policy)
     grids: list[SlotGrid] = []
     for name in names:
         try:
@@ -102,8 +171,7 @@ def diagram_cli(
         echo(line)
     _echo_notes(grids, echo)
     if html_out is not None:
-        Path(html_out).write_text(render_html(grids, idle_letters=idle_letters),
-                                  encoding="utf-8")
+        _write_html(Path(html_out), render_html(grids, idle_letters=idle_letters))
         echo(f"wrote {html_out}")
     if png_out is not None:
         from sim.report import write_pngs
@@ -111,6 +179,14 @@ def diagram_cli(
         paths = write_pngs([figure(g) for g in grids], Path(png_out))
         echo("wrote " + ", ".join(str(p) for p in paths))
     return grids
+
+
+def _write_html(path: Path, text: str) -> None:
+    """Write the page; ValueError naming --html when the file system refuses it."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"--html: cannot write {path} ({e.strerror or e})") from e
 
 
 def _echo_notes(grids: list[SlotGrid], echo: Callable[[str], None]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.out_dir import write_files
 from sim.plan import BURSTINESS_LEVELS, ConfigResult, PlanResult, gpus_estimate
 from sim.saturation import RULE
 
@@ -353,11 +354,9 @@ def to_json(res: PlanResult) -> dict[str, Any]:
 
 
 def write_plan(out_dir: Path, res: PlanResult) -> list[Path]:
-    """capacity.md, capacity.html and plan.json in ``out_dir``; returns their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md, page_, js = out_dir / "capacity.md", out_dir / "capacity.html", out_dir / "plan.json"
-    md.write_text(markdown(res), encoding="utf-8")
-    page_.write_text(html_page(res), encoding="utf-8")
-    js.write_text(json.dumps(to_json(res), indent=2) + "\n", encoding="utf-8")
-    return [md, page_, js]
+    """capacity.md, capacity.html and plan.json in ``out_dir``, all three or none
+    (sim/out_dir.py write_files); returns their paths."""
+    return write_files(out_dir, {
+        "capacity.md": lambda: markdown(res),
+        "capacity.html": lambda: html_page(res),
+        "plan.json": lambda: json.dumps(to_json(res), indent=2) + "\n"})

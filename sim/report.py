@@ -1,8 +1,9 @@
 """HTML reports of run directories: one self-contained file that works offline.
 
-Owns loading a run directory (config.json, summary.json, requests.csv, steps.csv), the
-report's figures; its tables are sim/report_tables.py, the page shell and HTML tables
-sim/html_page.py. plotly is imported lazily, inside the functions that draw.
+Owns the report's figures and its page; loading a run directory (config.json,
+summary.json, requests.csv, steps.csv) is sim/run_dir.py, the tables
+sim/report_tables.py, the page shell and HTML tables sim/html_page.py. plotly is
+imported lazily, inside the functions that draw.
 
 Size control, so a 19,366-request replay stays a few MB on top of plotly.js (~4.7 MB):
 - CDFs keep at most ``CDF_POINTS`` points of each empirical CDF: the sorted values at
@@ -20,9 +21,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,57 +29,15 @@ import numpy as np
 import pandas as pd
 
 from sim.html_page import page
+from sim.out_dir import write_files
 from sim.report_tables import config_table, headline_table, latency_table
+from sim.run_dir import RunData, load_runs
 
 CDF_POINTS = 1000
 TIMELINE_POINTS = 2000
 THROUGHPUT_BUCKETS = 200
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")
-RUN_FILES = ("config.json", "summary.json", "requests.csv", "steps.csv")
-
-
-@dataclass
-class RunData:
-    """One run directory, loaded."""
-
-    name: str
-    path: Path
-    config: dict[str, Any]
-    summary: dict[str, Any]
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-
-
-def load_run(path: Path, name: str | None = None) -> RunData:
-    """Read a run directory written by ``servesim run``.
-
-    Raises FileNotFoundError naming the missing file, ValueError for a bad file.
-    """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"run directory {path} not found")
-    for f in RUN_FILES:
-        if not (path / f).is_file():
-            raise FileNotFoundError(f"{path / f} not found: not a servesim run directory")
-    try:
-        config = json.loads((path / "config.json").read_text())
-        summary = json.loads((path / "summary.json").read_text())
-        requests = pd.read_csv(path / "requests.csv")
-        steps = pd.read_csv(path / "steps.csv")
-    except (json.JSONDecodeError, pd.errors.ParserError) as e:
-        raise ValueError(f"{path}: unreadable run file ({e})") from e
-    return RunData(name or path.name, path, config, summary, requests, steps)
-
-
-def load_runs(paths: Sequence[Path]) -> list[RunData]:
-    """Load several runs, naming each by its directory name (the full path where two
-    names collide)."""
-    names = [Path(p).name for p in paths]
-    return [load_run(Path(p), n if names.count(n) == 1 else str(p))
-            for p, n in zip(paths, names, strict=True)]
-
-
 # -- data reduction ----------------------------------------------------------------------
 
 
@@ -305,8 +262,7 @@ def write_report(paths: Sequence[Path], out: Path) -> int:
     runs = load_runs(paths)
     text = page("servesim report", report_parts(runs))
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    write_files(out.parent, {out.name: lambda: text})
     return len(text.encode("utf-8"))
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sim.html_page import table
 
 if TYPE_CHECKING:
-    from sim.report import RunData
+    from sim.run_dir import RunData
 
 
 def _flat_config(cfg: dict[str, Any]) -> dict[str, str]:

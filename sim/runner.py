@@ -8,9 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +26,7 @@ from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepExecutor, StepObserver
 from sim.metrics import compress_steps
+from sim.out_dir import commit_dirs, stage_dir
 from sim.prefix_content import Segments, mooncake_segments, unique_segment_id
 from sim.prefix_slots import PrefixSlotTable
 from sim.request import Request
@@ -105,6 +103,8 @@ class RunConfig:
                 raise ValueError(f"{name} must be a finite number > 0 seconds, got {v}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.trace is not None and not str(self.trace).strip():
+            raise ValueError("trace must name a file, got an empty string")
         _check_scale_out(self)
         _check_prefix_cache(self)
 
@@ -144,6 +144,10 @@ def _check_scale_out(cfg: RunConfig) -> None:
             raise ValueError(f"concurrency must be an integer >= 1, got {cfg.concurrency!r}")
         if cfg.rate is not None:
             raise ValueError("give rate (open loop) or concurrency (closed loop), not both")
+        for name in ("arrival", "burstiness", "time_scale"):
+            if getattr(cfg, name) is not None:
+                raise ValueError(f"{name} shapes open-loop arrivals; closed-loop users "
+                                 "(concurrency) send when their previous request ends")
     if not (cfg.think_time >= 0 and math.isfinite(cfg.think_time)):
         raise ValueError(f"think_time must be a finite number >= 0 seconds, got "
                          f"{cfg.think_time}")
@@ -169,12 +173,39 @@ def prepare(cfg: RunConfig) -> Prepared:
 
     Raises ValueError (one line naming the field) or FileNotFoundError on bad input.
     """
+    cfg, sched, num_blocks, plan, cost, label = _engine(cfg)
+    workload = build_workload(
+        trace=Path(cfg.trace) if cfg.trace else None, trace_format=cfg.trace_format,
+        scenario=cfg.scenario, arrival=cfg.arrival, rate=cfg.rate,
+        burstiness=cfg.burstiness, num_requests=cfg.num_requests, window_s=cfg.window,
+        time_scale=cfg.time_scale, max_tokens=cfg.max_tokens, seed=cfg.seed,
+        trace_sample=cfg.trace_sample,
+    )
+    return Prepared(cfg, sched, workload, cost, num_blocks, plan, label)
+
+
+def check_config(cfg: RunConfig, workload: bool = True) -> None:
+    """Raise what ``prepare(cfg)`` would raise, without simulating anything: the engine
+    side (model, GPU, policy, KV plan, scheduler, cost model) always, the workload when
+    ``workload`` (built with at most 8 requests: a trace is still read whole). For
+    sweep and plan, which check every cell before the first run."""
+    _engine(cfg)
+    if workload:
+        n = cfg.num_requests
+        prepare(dataclasses.replace(cfg, num_requests=8 if n is None else min(n, 8)))
+
+
+def _engine(cfg: RunConfig) -> tuple[RunConfig, SchedulerConfig, int, KVCachePlan,
+                                     CostModel, str]:
+    """prepare's engine side: the config (with a profile's model), scheduler config,
+    number of GPU blocks, KV plan and cost model with its label."""
     if cfg.profile is not None:
         cfg = _with_profile_model(cfg)
     model = get_model(cfg.model)
     gpu = get_gpu(cfg.gpu)
     get_policy_class(cfg.policy)
-    max_model_len = cfg.max_model_len or model.max_position_embeddings
+    max_model_len = (model.max_position_embeddings if cfg.max_model_len is None
+                     else cfg.max_model_len)
     plan = plan_for(model, gpu, cfg.dtype, cfg.gpu_memory_utilization,
                     cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.block_size,
                     tensor_parallel_size=cfg.tensor_parallel_size)
@@ -199,15 +230,8 @@ def prepare(cfg: RunConfig) -> Prepared:
         pcie_bandwidth_bytes_per_s=cfg.pcie_bandwidth * 1e9,
         prefix_cache=cfg.prefix_cache,
     )
-    workload = build_workload(
-        trace=Path(cfg.trace) if cfg.trace else None, trace_format=cfg.trace_format,
-        scenario=cfg.scenario, arrival=cfg.arrival, rate=cfg.rate,
-        burstiness=cfg.burstiness, num_requests=cfg.num_requests, window_s=cfg.window,
-        time_scale=cfg.time_scale, max_tokens=cfg.max_tokens, seed=cfg.seed,
-        trace_sample=cfg.trace_sample,
-    )
     cost, label = _cost_model(cfg, model, gpu)
-    return Prepared(cfg, sched, workload, cost, num_blocks, plan, label)
+    return cfg, sched, num_blocks, plan, cost, label
 
 
 def _with_profile_model(cfg: RunConfig) -> RunConfig:
@@ -365,19 +389,22 @@ def resolved_config(prep: Prepared) -> dict[str, Any]:
 def write_run(out_dir: Path, prep: Prepared, result: SimResult,
               full_steps: bool = False) -> None:
     """Write requests.csv, steps.csv, summary.json and config.json into ``out_dir``,
-    whole or not at all: files go to a temporary sibling directory that replaces
-    ``out_dir`` only once every file is complete. steps.csv is run-length compressed
+    whole or not at all (sim/out_dir.py: staged in a temporary sibling that replaces
+    ``out_dir`` once every file is complete). steps.csv is run-length compressed
     (metrics.compress_steps) unless ``full_steps``; its ``num_steps`` column says how many
-    steps each row stands for."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"out: {out_dir} exists and is not a directory")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the run private
-    try:
+    steps each row stands for. Raises ValueError when ``out_dir`` may not be replaced
+    (out_dir.check_run_dir: a file, the current directory, or a directory that is not a
+    previous run)."""
+    commit_dirs([(stage_run(out_dir, prep, result, full_steps), Path(out_dir))])
+
+
+def stage_run(out_dir: Path, prep: Prepared, result: SimResult,
+              full_steps: bool = False) -> Path:
+    """write_run's files in a temporary sibling of ``out_dir``, returned for
+    out_dir.commit_dirs (which swaps it in), so that several runs can be swapped in
+    together once all are written."""
+
+    def write(tmp: Path) -> None:
         write_csv(tmp / "requests.csv", result.request_table)
         st = result.step_table
         steps = ({**st, "num_steps": np.ones(len(st["start_time"]), dtype=np.int64)}
@@ -385,14 +412,5 @@ def write_run(out_dir: Path, prep: Prepared, result: SimResult,
         write_csv(tmp / "steps.csv", steps)
         (tmp / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-            os.rmdir(old)  # a fresh unused name for the previous run
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    return stage_dir(out_dir, write)

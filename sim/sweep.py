@@ -25,7 +25,8 @@ from sim.backends import map_ordered
 from sim.config import PREFIX_CACHE_MODES
 from sim.engine import SchedulerStuck
 from sim.latency_stats import meets_slos
-from sim.runner import RunConfig, check_router, prepare, simulate_prepared
+from sim.out_dir import write_files
+from sim.runner import RunConfig, check_config, check_router, prepare, simulate_prepared
 
 
 def prefix_cache_mode(text: str) -> str:
@@ -219,6 +220,26 @@ def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
     return pd.DataFrame(rows, columns=columns)
 
 
+def check_cells(base: RunConfig, grid: Grid,
+                at_load: Callable[[RunConfig], RunConfig] | None = None) -> None:
+    """Before anything runs, raise the ValueError the first failing cell of ``grid`` over
+    ``base`` would raise (check_router_cells, then runner.check_config for every cell,
+    building the workload once per distinct load), prefixed with the cell's knobs.
+    ``at_load``: a cell's config at the load a plan starts from."""
+    check_router_cells(base, grid)
+    seen = set()
+    for knobs in grid.cells():
+        cfg = dataclasses.replace(base, **knobs)
+        cfg = at_load(cfg) if at_load is not None else cfg
+        key = tuple(knobs.get(k) for k in ("rate", "concurrency", "burstiness"))
+        try:
+            check_config(cfg, workload=key not in seen)
+        except (ValueError, FileNotFoundError) as e:
+            where = ", ".join(f"{k} {v}" for k, v in knobs.items())
+            raise ValueError(f"{where}: {e}" if len(grid.cells()) > 1 else str(e)) from None
+        seen.add(key)
+
+
 def check_router_cells(base: RunConfig, grid: Grid) -> None:
     """``check_router`` for every prefix cache a cell of ``grid`` may have (its axis, or
     the base's), before anything runs; ValueError naming the axis."""
@@ -246,15 +267,13 @@ def aggregate(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
 def write_sweep(out_dir: Path, df: pd.DataFrame, base: RunConfig, grid: Grid,
                 elapsed_s: float | None = None) -> list[Path]:
     """sweep.csv (every row), sweep.json (the base config and the grid, to reproduce it)
-    and sweep.html (heatmaps and throughput-latency curves); returns the paths."""
+    and sweep.html (heatmaps and throughput-latency curves), all three or none
+    (sim/out_dir.py write_files); returns the paths."""
     from sim.capacity_report import sweep_page
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv, meta, html = out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.html"
-    df.to_csv(csv, index=False)
     info = {"base": dataclasses.asdict(base), "axes": {k: list(v) for k, v in grid.axes.items()},
             "seeds": list(grid.seeds), "num_cells": len(grid.cells()), "num_rows": len(df)}
-    meta.write_text(json.dumps(info, indent=2) + "\n")
-    html.write_text(sweep_page(df, grid, base, elapsed_s), encoding="utf-8")
-    return [csv, meta, html]
+    return write_files(out_dir, {
+        "sweep.csv": lambda: df.to_csv(index=False),
+        "sweep.json": lambda: json.dumps(info, indent=2) + "\n",
+        "sweep.html": lambda: sweep_page(df, grid, base, elapsed_s)})

@@ -175,3 +175,67 @@ def test_cli_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatch) 
     assert err.strip().splitlines() == [
         "error: torch is not installed; install the calibration extra: "
         "pip install 'servesim[calibration]'"]
+
+
+TINY_GRID = ("--num-layers", "1", "--max-num-seqs", "2", "--max-num-batched-tokens", "16",
+             "--max-context", "32", "--repeats", "1", "--budget-s", "60")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--out", ""], "error: --out: '' or '.' (the current directory) is a directory"),
+    (["--out", "{t}"], "error: --out: {t} is a directory; give a profile file name"),
+    (["--out", "{t}/nodir/p.json"], "error: --out: cannot write {t}/nodir/p.json: folder "
+                                    "{t}/nodir does not exist"),
+    (["--out", "{t}/afile/p.json"], "folder {t}/afile is not a directory"),
+    (["--config", "/dev/null"], "error: --config /dev/null: not a JSON file"),
+    (["--config", "{t}/nope.json"], "error: --config {t}/nope.json: cannot read it"),
+    (["--config", "{t}/list.json"], "error: --config {t}/list.json: expected a Hugging Face "
+                                    "config.json (a JSON object), got list"),
+    (["--seed", "-1"], "error: seed must be an integer >= 0, got -1"),
+    (["--threads", "100000"], "error: --threads must be between 0 (torch's default) and "),
+    (["--threads", "-1"], "error: --threads must be between 0"),
+])
+def test_cli_checks_inputs_before_measuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            args: list[str], message: str) -> None:
+    def measure(*_a: object, **_k: object) -> None:
+        raise AssertionError("measured before checking the options")
+
+    monkeypatch.setattr("calibration.measure.measure", measure)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "list.json").write_text("[]")
+    args = [a.format(t=tmp_path) for a in args]
+    code, out, err = invoke("calibrate", *TINY_GRID, *args)
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message.format(t=tmp_path) in err, err
+
+
+def test_cli_refuses_an_unwritable_out_folder(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    def writable(folder: Path) -> bool:
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                return True
+        except OSError:
+            return False
+
+    monkeypatch.setattr("calibration.measure.measure", lambda *a, **k: 1 / 0)
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o555)
+    if writable(folder):  # root: try a read-only file system instead
+        folder = Path("/sys")
+        if not folder.is_dir() or writable(folder):
+            pytest.skip("no unwritable folder here")
+    code, _, err = invoke("calibrate", *TINY_GRID, "--out", str(folder / "p.json"))
+    assert code == 1
+    assert err.startswith(f"error: --out: cannot write {folder}/p.json: folder {folder} is "
+                          "not writable")
+
+
+def test_cli_refit_checks_out_first(tmp_path: Path) -> None:
+    src = tmp_path / "p.json"
+    save_profile(make_profile(), src)
+    code, _, err = invoke("calibrate", "--refit", str(src), "--out", str(tmp_path))
+    assert code == 1 and err.startswith(f"error: --out: {tmp_path} is a directory")

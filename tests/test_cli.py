@@ -105,6 +105,11 @@ def test_unservable_request_is_rejected_with_reason(tmp_path: Path) -> None:
     (["--max-num-seqs", "0"], "max_num_seqs"),
     (["--step-time", "0"], "step_time"),
     (["--gpu", "l4"], "max_model_len"),
+    (["--max-model-len", "0"], "max_model_len must be >= 2"),
+    (["--trace", ""], "trace must name a file"),
+    (["--concurrency", "5", "--arrival", "gamma", "--burstiness", "0.1"],
+     "arrival shapes open-loop arrivals"),
+    (["--concurrency", "5", "--time-scale", "100"], "time_scale shapes open-loop"),
 ])
 def test_bad_input_one_line_exit_1(tmp_path: Path, args: list[str], needle: str) -> None:
     out = tmp_path / "o"

@@ -165,6 +165,51 @@ def test_cli_diagram_bad_input_is_one_line(args: list[str]) -> None:
     assert res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
 
 
+@pytest.mark.parametrize(("policies", "shown"), [("", "''"), ("static,,chunked",
+                                                                "'static,,chunked'")])
+def test_cli_diagram_refuses_empty_policy_entries(policies: str, shown: str) -> None:
+    res = runner.invoke(app, ["diagram", "--scenario", "teaching", "--policies", policies])
+    assert res.exit_code == 1
+    assert res.output == ("error: --policies: expected comma-separated policy names without "
+                          f"empty entries, got {shown}\n")
+
+
+@pytest.mark.parametrize(("html", "message"), [
+    ("afile/x.html", "--html: cannot write {t}/afile/x.html: its folder {t}/afile is not a "
+                     "directory"),
+    ("nodir/x.html", "its folder {t}/nodir does not exist"),
+    (".", "--html: {t} is a directory; give a file name"),
+])
+def test_cli_diagram_checks_html_before_simulating(tmp_path: Path, html: str,
+                                                   message: str) -> None:
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / html if html != "." else tmp_path
+    res = runner.invoke(app, ["diagram", "--scenario", "teaching", "--html", str(target)])
+    assert res.exit_code == 1
+    assert res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
+    assert message.format(t=tmp_path) in res.output
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[]", "config.json must hold a JSON object, got list"),
+    ("{", "config.json is not valid JSON"),
+    ('{"max_num_seqs": "abc"}', "config.json: max_num_seqs must be an integer, got 'abc'"),
+    ('{"max_model_len": true}', "max_model_len must be an integer or null, got True"),
+    ('{"gpu_memory_utilization": 3}', "config.json: gpu_memory_utilization must be in (0, 1]"),
+])
+def test_cli_diagram_of_a_corrupt_run_directory(tmp_path: Path, text: str,
+                                                message: str) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text(text)
+    res = runner.invoke(app, ["diagram", str(tmp_path / "r")])
+    assert res.exit_code == 1
+    assert res.output.startswith(f"error: {tmp_path / 'r' / 'config.json'}")
+    assert res.output.count("\n") == 1 and message in res.output, res.output
+    (tmp_path / "afile").write_text("x")
+    res = runner.invoke(app, ["diagram", str(tmp_path / "afile")])
+    assert res.output == f"error: run directory {tmp_path / 'afile'} is not a directory\n"
+
+
 def test_cli_teaching_skips_an_unregistered_default_policy(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(POLICIES, "continuous", raising=False)

@@ -171,3 +171,37 @@ def test_same_seed_same_records() -> None:
     a = run_sim(make_requests(outs, arrivals=list(np.arange(40) * 0.37)), max_num_seqs=5)
     b = run_sim(make_requests(outs, arrivals=list(np.arange(40) * 0.37)), max_num_seqs=5)
     assert a.requests.equals(b.requests)
+
+
+def test_progress_slices_stay_few_when_the_run_outlasts_its_arrivals() -> None:
+    from itertools import accumulate, islice
+
+    from sim.simulate import progress_slices
+
+    first = list(islice(progress_slices(1e-8), 102))
+    assert first[:100] == [1e-8] * 100 and first[100:] == pytest.approx([1.1e-8, 1.21e-8])
+    # 100 slices cover the arrival span (1e-6 s); reaching 100 s takes m more with
+    # 1e-6 + 1.1e-7 (1.1^m - 1) >= 100: m = ceil(log(100 / 1.1e-7) / log(1.1)) = 217,
+    # not 1e10.
+    n = next(i for i, t in enumerate(accumulate(progress_slices(1e-8))) if t >= 100.0)
+    assert n + 1 == 100 + 217
+
+
+def test_packed_arrivals_are_reported_in_few_slices_with_the_same_records() -> None:
+    # 30 arrivals within 30 us, then seconds of work: the progress callback runs a few
+    # hundred times (it ran once per 0.3 us slice before), and slicing changes nothing.
+    from policies.registry import get_policy_class
+    from sim.runner import RunConfig, arrival_source, prepare, simulate_prepared
+    from sim.simulate import simulate
+
+    prep = prepare(RunConfig(num_requests=30, rate=1e6))
+    calls: list[int] = []
+    sliced = simulate_prepared(prep, progress=calls.append)
+    source, _ = arrival_source(prep)
+    whole = simulate(source, policy_factory=get_policy_class(prep.config.policy),
+                     config=prep.scheduler, cost_model=prep.cost_model,
+                     num_gpu_blocks=prep.num_gpu_blocks)  # one slice
+    assert 100 < len(calls) < 400 and calls[-1] == 30
+    assert sliced.summary["ttft_s"] == whole.summary["ttft_s"]
+    np.testing.assert_array_equal(sliced.request_table["finish_time"],
+                                  whole.request_table["finish_time"])

@@ -115,10 +115,22 @@ def test_cli_plan_concurrency_axis(tmp_path: Path) -> None:
     (["--slo-ttft", "1", "--router", "cache-aware"], "prefix cache"),
     (["--slo-ttft", "1", "--router", "cache-aware", "--prefix-cache", "none,block"],
      "prefix cache"),
+    # Checked for every config before the first probe: one line, no report written.
+    (["--slo-ttft", "1", "--model", "nope"], "unknown model 'nope'"),
+    (["--slo-ttft", "1", "--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
+    (["--slo-ttft", "1", "--policy", "chunked,nope"], "policy nope: unknown policy"),
+    (["--slo-ttft", "1", "--tensor-parallel-size", "3"], "must divide num_attention_heads"),
+    (["--slo-ttft", "1", "--burstiness", "-2"], "burstiness must be > 0"),
+    (["--slo-ttft", "1", "--trace", "nope.csv"], "not found"),
+    (["--slo-ttft", "1", "--start", "inf"], "start must be a finite load > 0"),
+    (["--slo-ttft", "1", "--target-rate", "10", "--check-requests", "-1"],
+     "check_requests must be >= 1"),
 ])
 def test_cli_plan_bad_input(tmp_path: Path, args: list[str], word: str) -> None:
-    res = runner.invoke(app, ["plan", "--num-requests", "10", "--out", str(tmp_path), *args])
+    out = tmp_path / "plan"
+    res = runner.invoke(app, ["plan", "--num-requests", "10", "--out", str(out), *args])
     assert res.exit_code != 0 and word in res.output, res.output
+    assert not out.exists()
 
 
 def test_cli_plan_compares_prefix_caches(tmp_path: Path) -> None:

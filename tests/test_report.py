@@ -18,11 +18,11 @@ from sim.report import (
     TIMELINE_POINTS,
     cdf_points,
     kaleido_missing,
-    load_run,
     throughput,
     timeline,
     write_report,
 )
+from sim.run_dir import load_run
 from sim.runner import RunConfig, prepare, simulate_prepared, write_run
 
 runner = CliRunner()
@@ -95,6 +95,68 @@ def test_report_of_a_missing_run_is_one_line(tmp_path: Path) -> None:
         assert res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
     with pytest.raises(FileNotFoundError, match=r"summary\.json not found"):
         load_run(tmp_path / "half")
+
+
+def _corrupt(run: Path, file: str, text: str) -> None:
+    """Overwrite one file of ``run`` (a copy of a good run directory)."""
+    (run / file).write_text(text)
+
+
+@pytest.mark.parametrize(("file", "text", "message"), [
+    ("requests.csv", "a,b,c\n1,2,3\n", "requests.csv lacks column(s) first_token_time"),
+    ("steps.csv", "a,b\n1,2\n", "steps.csv lacks column(s) start_time"),
+    ("requests.csv", "", "requests.csv is empty"),
+    ("summary.json", "{}", "summary.json has no 'ttft_s'"),
+    ("summary.json", "[]", "summary.json must hold a JSON object, got list"),
+    ("summary.json", "{", "summary.json is not valid JSON"),
+    ("config.json", "[]", "config.json must hold a JSON object, got list"),
+    ("config.json", '{"resolved": [1]}', "'resolved' must be an object"),
+    ("config.json", "[" * 100_000 + "]" * 100_000, "config.json is not valid JSON"),
+])
+def test_corrupt_run_directory_is_one_line(two_runs: list[Path], tmp_path: Path, file: str,
+                                           text: str, message: str) -> None:
+    import shutil
+
+    run = Path(shutil.copytree(two_runs[0], tmp_path / "bad"))
+    _corrupt(run, file, text)
+    with pytest.raises(ValueError, match=f"run directory {re.escape(str(run))}: "):
+        load_run(run)
+    res = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "x.html")])
+    assert res.exit_code == 1
+    assert res.output.count("\n") == 1 and message in res.output, res.output
+
+
+def test_summary_values_and_csv_types_are_checked(two_runs: list[Path],
+                                                   tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    run = Path(shutil.copytree(two_runs[0], tmp_path / "bad"))
+    summary = json.loads((run / "summary.json").read_text())
+    for key, value, message in (
+        ("ttft_s", {"mean": 1}, "'ttft_s' has no 'p50'"),
+        ("kv_cache", {"num_gpu_blocks": "x"}, "kv_cache.num_gpu_blocks must be a number"),
+        ("num_finished", 2.5, "num_finished must be an integer or null"),
+        ("throughput", 3, "throughput.requests_per_s must sit in an object"),
+    ):
+        _corrupt(run, "summary.json", json.dumps({**summary, key: value}))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_run(run)
+    _corrupt(run, "summary.json", json.dumps(summary))
+    requests = pd.read_csv(run / "requests.csv")
+    requests["ttft_s"] = requests["ttft_s"].astype(object)
+    requests.loc[0, "ttft_s"] = "soon"
+    requests.to_csv(run / "requests.csv", index=False)
+    with pytest.raises(ValueError, match=r"requests\.csv: column ttft_s must be numeric"):
+        load_run(run)
+
+
+def test_report_of_a_file_says_it_is_not_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    res = runner.invoke(app, ["report", str(tmp_path / "afile"),
+                              "--out", str(tmp_path / "x.html")])
+    assert res.exit_code == 1
+    assert res.output == f"error: run directory {tmp_path / 'afile'} is not a directory\n"
 
 
 def test_png_without_kaleido_is_one_line(two_runs: list[Path], tmp_path: Path) -> None:

@@ -132,6 +132,18 @@ def test_azure_small_file_crlf_without_final_newline(tmp_path: Path) -> None:
         ("s.csv", "arrival_time,num_prompt_tokens,output_len\n", "no requests"),
         ("e.csv", "", "empty"),
         ("l.csv", "num_prefill_tokens,num_decode_tokens\n5,5\n", "lengths only"),
+        ("m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": '
+         + "[" * 100_000 + "]" * 100_000 + "}\n",
+         "m.jsonl line 1: JSON nested too deeply to read"),
+        ("m.jsonl", '{"timestamp": 0, "input_length": 99999999999999999999, '
+         '"output_length": 5}\n', "m.jsonl line 1: input_length 99999999999999999999 is out "
+         "of range"),
+        ("s.csv", "arrival_time,num_prompt_tokens,output_len\n0.0,5,2\n0.0,5,"
+         "99999999999999999999\n", "s.csv line 3: output_len 99999999999999999999 is out"),
+        ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,"
+         "99999999999999999999,44\n", "a.csv line 2: ContextTokens 99999999999999999999 is"),
+        ("s.csv", "arrival_time,num_prompt_tokens,output_len,prompt_segments\n0,100,5,"
+         "1:50 2:60\n", "s.csv: prompt_segments[0] (request_id '0') sums to 110 tokens"),
     ],
 )
 def test_malformed_files_give_one_clear_line(
@@ -142,6 +154,37 @@ def test_malformed_files_give_one_clear_line(
         load_trace(path)
     assert message in str(excinfo.value)
     assert "\n" not in str(excinfo.value)
+
+
+def test_non_utf8_trace_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bin.csv"
+    path.write_bytes(b"arrival_time,num_prompt_tokens,output_len\n0,5,\xff\n")
+    with pytest.raises(ValueError, match=r"^bin\.csv line 2: not UTF-8 text \(byte 0xff\)"):
+        load_trace(path)
+
+
+@pytest.mark.parametrize(("trace", "message"), [
+    (".", "trace {t} is a directory; give a trace file"),
+    ("/dev/null", "trace /dev/null is not a regular file"),
+    ("deep.jsonl", "deep.jsonl line 1: JSON nested too deeply to read"),
+])
+def test_cli_refuses_unreadable_traces_in_one_line(tmp_path: Path, trace: str,
+                                                   message: str) -> None:
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    if trace == "/dev/null" and not Path(trace).exists():
+        pytest.skip("no /dev/null here")
+    (tmp_path / "deep.jsonl").write_text('{"timestamp": 0, "input_length": 10, '
+                                         '"output_length": 5, "hash_ids": '
+                                         + "[" * 100_000 + "]" * 100_000 + "}\n")
+    path = trace if trace == "/dev/null" else str(tmp_path / trace)
+    for command in (["run", "--out", str(tmp_path / "r")], ["diagram"]):
+        res = CliRunner().invoke(app, [*command, "--trace", path])
+        assert res.exit_code == 1, res.output
+        assert res.output.startswith(f"error: {message.format(t=path)}")
+        assert res.output.count("\n") == 1, res.output
 
 
 def test_missing_file_names_the_path(tmp_path: Path) -> None:

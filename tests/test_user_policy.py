@@ -5,6 +5,7 @@ watchdog against a deliberately broken policy that preempts and re-admits foreve
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -50,13 +51,34 @@ def test_example_policy_serves_the_longest_waiting_first() -> None:
     ("docs/examples/nope.py:P", "no such file"),
     (f"{EXAMPLE}:Missing", "has no 'Missing'"),
     ("fifo", "unknown policy 'fifo'"),
+    ("json:dumps", "'json:dumps' is not a policy class (a class with schedule(now)"),
+    ("policies.base:QueuePolicy", "is not a policy class (a class with schedule(now) and the "
+     "other Scheduler methods, see policies/base.py); missing: schedule"),
+    ("sim.engine:SchedulerStuck", "missing: add_request, schedule, on_step_end"),
+    ("sim.config:SchedulerConfig", "'sim.config:SchedulerConfig' is not a policy class"),
+    ("policies.base:Policy", "'policies.base:Policy' is a protocol or abstract class"),
+    (":", "policy ':': expected module:Class"),
+    ("policies.base:", "expected module:Class or path/to/file.py:Class with both parts"),
 ])
 def test_bad_policy_is_one_line(spec: str, message: str, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         get_policy_class(spec)
     res = CliRunner().invoke(app, ["run", "--policy", spec, "--out", str(tmp_path / "r")])
     assert res.exit_code == 1
     assert res.output.count("\n") == 1 and message in res.output
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "--compare", "static,json:dumps"],
+    ["diagram", "--scenario", "teaching", "--policies", "static,policies.base:QueuePolicy"],
+])
+def test_a_non_policy_class_is_refused_by_every_command(command: list[str],
+                                                         tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, [*command, "--out" if command[0] == "run" else "--html",
+                                   str(tmp_path / "o")])
+    assert res.exit_code == 1, res.output
+    assert res.output.startswith("error: policy '") and res.output.count("\n") == 1
+    assert "is not a policy class" in res.output
 
 
 class Flapper(QueuePolicy):

@@ -1,0 +1,117 @@
+"""Outputs whole or not at all, never over what servesim did not write (sim/out_dir.py):
+run directories are replaced only when empty or a previous run; several are swapped in
+together; loose files are renamed into place once all are written; and the commands
+check their outputs before simulating."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.out_dir import check_run_dir, write_files
+
+runner = CliRunner()
+RUN = ["run", "--num-requests", "20", "--step-time", "0.01"]
+
+
+def test_a_directory_holding_other_files_is_never_replaced(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("precious")
+    res = runner.invoke(app, [*RUN, "--out", str(mine)])
+    assert res.exit_code == 1
+    assert "is not a servesim run directory (it holds notes.txt, sub)" in res.output
+    assert (mine / "notes.txt").read_text() == "precious" and (mine / "sub").is_dir()
+
+
+def test_a_previous_run_is_replaced_and_an_empty_directory_filled(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    for seed in ("0", "1"):
+        res = runner.invoke(app, [*RUN, "--seed", seed, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "requests.csv", "steps.csv", "summary.json"]
+    assert '"seed": 1' in (out / "config.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no temporaries left
+
+
+def test_a_run_directory_behind_a_link_is_written_where_the_link_points(
+        tmp_path: Path) -> None:
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real)
+    for _ in range(2):
+        assert runner.invoke(app, [*RUN, "--out", str(link)]).exit_code == 0
+    assert link.is_symlink() and (real / "summary.json").exists()
+
+
+def test_the_current_directory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    for out in (".", str(tmp_path)):
+        with pytest.raises(ValueError, match="is the current directory or holds it"):
+            check_run_dir(Path(out))
+
+
+def test_compare_cells_are_swapped_in_together(tmp_path: Path) -> None:
+    # A later cell that fails (its policy never schedules) leaves the earlier cells'
+    # previous run directories as they were.
+    policy = tmp_path / "stuck.py"
+    policy.write_text(
+        "from policies.chunked import ChunkedPolicy\n"
+        "from sim.batch import BatchPlan\n"
+        "class Stuck(ChunkedPolicy):\n"
+        "    def schedule(self, now):\n"
+        "        return BatchPlan()\n")
+    out = tmp_path / "cmp"
+    assert runner.invoke(app, [*RUN, "--out", str(out), "--compare", "chunked"]).exit_code == 0
+    before = (out / "chunked" / "requests.csv").read_bytes()
+    res = runner.invoke(app, [*RUN, "--seed", "3", "--out", str(out),
+                              "--compare", f"chunked,{policy}:Stuck"])
+    assert res.exit_code == 1 and "no progress" in res.output
+    assert (out / "chunked" / "requests.csv").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["chunked"]
+
+
+def test_compare_report_covers_every_cell(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    res = runner.invoke(app, [*RUN, "--out", str(out), "--compare", "chunked,continuous",
+                              "--report"])
+    assert res.exit_code == 0, res.output
+    text = (out / "report.html").read_text()
+    assert "<th>chunked</th><th>continuous</th>" in text
+
+
+def test_loose_files_are_written_all_or_none(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("old a")
+
+    def boom() -> str:
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_files(tmp_path, {"a.txt": lambda: "new a", "b.txt": boom})
+    assert (tmp_path / "a.txt").read_text() == "old a" and not (tmp_path / "b.txt").exists()
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+    (tmp_path / "c.txt").mkdir()
+    with pytest.raises(ValueError, match=r"c\.txt is a directory"):
+        write_files(tmp_path, {"a.txt": lambda: "new a", "c.txt": lambda: "c"})
+    assert (tmp_path / "a.txt").read_text() == "old a"
+
+
+@pytest.mark.parametrize(("command", "blocked"), [
+    (["sweep", "--num-requests", "10", "--step-time", "0.01"], "sweep.html"),
+    (["plan", "--num-requests", "20", "--step-time", "0.01", "--seeds", "0",
+      "--max-probes", "2", "--workers", "1", "--slo-ttft", "1"], "capacity.html"),
+])
+def test_sweep_and_plan_check_their_files_before_running(
+        tmp_path: Path, command: list[str], blocked: str) -> None:
+    (tmp_path / blocked).mkdir()
+    res = runner.invoke(app, [*command, "--out", str(tmp_path)])
+    assert res.exit_code == 1
+    assert f"{blocked} is a directory" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [blocked]
