@@ -110,6 +110,9 @@ def sweep(
                            on_done=lambda k: bar.update(task, completed=k),
                            think_time=think_time)
         elapsed = time.perf_counter() - start
+        failed = df["error"] != ""
+        if failed.all():  # nothing to show: say why instead of writing empty results
+            raise ValueError(f"every run failed; the first: {df['error'].iloc[0]}")
         paths = write_sweep(out, df, base, grid, elapsed)
     except INPUT_ERRORS as e:
         fail(str(e))

@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.table import Table
 
-from policies.registry import get_policy_class
+from policies.registry import POLICIES, get_policy_class
 from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, PREFIX_CACHE_MODES, QUEUE_ORDERS
 from sim.out_dir import check_run_dir, commit_dirs, discard
 from sim.runner import Prepared, RunConfig, check_router, stage_run
@@ -68,6 +68,9 @@ def parse_cells(spec: str) -> list[Cell]:
         policy = ":".join(parts)
         if policy in MODIFIERS:
             raise ValueError(f"compare: cell {label!r} names no policy")
+        if len(parts) > 1 and parts[0] in POLICIES:  # a built-in, then no modifier
+            raise ValueError(f"compare: cell {label!r}: unknown modifier {parts[-1]!r}; "
+                             f"modifiers: {', '.join(MODIFIERS)}")
         get_policy_class(policy)
         cells.append(Cell(label, policy, overrides))
     dirs = [c.dir_name for c in cells]

@@ -31,8 +31,7 @@ def check_run_dir(out_dir: Path, option: str = "out") -> Path:
     other than a previous run directory (which holds config.json and only the files of
     RUN_DIR_FILES)."""
     path = Path(out_dir).resolve()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{option}: {out_dir} exists and is not a directory")
+    _check_folders(path, out_dir, option)
     cwd = Path.cwd().resolve()
     if path == cwd or path in cwd.parents:
         raise ValueError(f"{option}: {out_dir} is the current directory or holds it; "
@@ -46,6 +45,18 @@ def check_run_dir(out_dir: Path, option: str = "out") -> Path:
                              f"{shown or 'files but no config.json'}); it would be "
                              "replaced: give a new or empty directory")
     return path
+
+
+def _check_folders(path: Path, given: Path, option: str) -> None:
+    """ValueError naming ``option`` when ``path``, or the nearest of its parents that
+    exists, is not a directory (so it could not be created)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option}: {given} exists and is not a directory")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{option}: cannot make {given}: {parent} is a file")
+            return
 
 
 def stage_dir(out_dir: Path, write: Callable[[Path], None], option: str = "out") -> Path:
@@ -91,8 +102,7 @@ def check_files(out_dir: Path, names: Sequence[str], option: str = "out") -> Pat
     """``out_dir`` made ready for ``names``: raises ValueError naming ``option`` when it is
     a file or one of the names there is a directory."""
     path = Path(out_dir)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{option}: {out_dir} exists and is not a directory")
+    _check_folders(path.resolve(), out_dir, option)
     for name in names:
         if (path / name).is_dir():
             raise ValueError(f"{option}: {path / name} is a directory; servesim writes a "

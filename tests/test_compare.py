@@ -30,6 +30,8 @@ def test_parse_cells() -> None:
     ("reserve", "names no policy"),
     ("chunked,chunked", "same run directory"),
     ("fifo", "unknown policy"),
+    ("chunked:nope", "unknown modifier 'nope'; modifiers: paged"),
+    ("chunked:reserve:nope", "unknown modifier 'nope'"),
 ])
 def test_bad_cells(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

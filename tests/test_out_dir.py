@@ -115,3 +115,28 @@ def test_sweep_and_plan_check_their_files_before_running(
     assert res.exit_code == 1
     assert f"{blocked} is a directory" in res.output
     assert sorted(p.name for p in tmp_path.iterdir()) == [blocked]
+
+
+def test_an_out_below_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    for command in (RUN, ["sweep", "--num-requests", "10", "--step-time", "0.01"]):
+        res = runner.invoke(app, [*command, "--out", str(tmp_path / "afile" / "sub")])
+        assert res.exit_code == 1
+        assert f"cannot make {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'} is a file" in (
+            res.output.replace("\n", ""))
+
+
+def test_a_sweep_whose_every_run_fails_says_why_and_writes_nothing(tmp_path: Path) -> None:
+    policy = tmp_path / "stuck.py"
+    policy.write_text("from policies.chunked import ChunkedPolicy\n"
+                      "from sim.batch import BatchPlan\n"
+                      "class Stuck(ChunkedPolicy):\n"
+                      "    def schedule(self, now):\n"
+                      "        return BatchPlan()\n")
+    out = tmp_path / "sw"
+    res = runner.invoke(app, ["sweep", "--num-requests", "10", "--step-time", "0.01",
+                              "--policy", f"{policy}:Stuck", "--workers", "1",
+                              "--out", str(out)])
+    assert res.exit_code == 1
+    assert "every run failed; the first: no progress" in res.output.replace("\n", "")
+    assert not out.exists()
