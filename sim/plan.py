@@ -41,7 +41,7 @@ from sim.plan_probe import (
     search,
     with_load,
 )
-from sim.runner import RunConfig, prepare, simulate_prepared
+from sim.runner import MAX_REPLICAS, RunConfig, prepare, simulate_prepared
 from sim.sweep import Grid
 
 PLAN_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -218,6 +218,8 @@ def confirm_replicas(spec: PlanSpec, c: ConfigResult,
     med, _, top = c.interval(spec.load_axis)
     r = max(1, math.ceil(spec.target / med))
     floor = max(1, math.ceil(spec.target / top))
+    if r + MAX_UP > MAX_REPLICAS:  # too large a cluster to simulate: left unconfirmed
+        return None, []
     checks = [cluster_check(spec, c, r, runner)]
     if checks[-1].passes:
         while r > floor and len(checks) <= MAX_DOWN:

@@ -19,6 +19,7 @@ import pandas as pd
 
 from sim.out_dir import write_files
 from sim.plan import BURSTINESS_LEVELS, ConfigResult, PlanResult, gpus_estimate
+from sim.runner import MAX_REPLICAS
 from sim.saturation import RULE
 
 
@@ -77,9 +78,12 @@ def answer_lines(res: PlanResult) -> list[str]:
         return lines
     est = math.ceil(spec.target / med) if med > 0 else None
     if res.replicas is None:
-        lines.append(f"**Target {spec.target:,.4g} {unit}: not confirmed** - the estimate "
-                     f"of {est} replicas and up to {len(res.checks.get(best.index, []))} "
-                     "cluster sizes failed the SLOs; see the cluster checks")
+        tried = len(res.checks.get(best.index, []))
+        why = (f"the estimate of {est} replicas and up to {tried} cluster sizes failed the "
+               "SLOs; see the cluster checks" if tried else
+               f"the estimate of {est} replicas is beyond the {MAX_REPLICAS} replicas one "
+               "run simulates, so no cluster was checked")
+        lines.append(f"**Target {spec.target:,.4g} {unit}: not confirmed** - {why}")
         return lines
     r = res.replicas
     chk = next(c for c in res.checks[best.index] if c.replicas == r)

@@ -131,12 +131,19 @@ def check_router(cfg: RunConfig) -> None:
                          "radix)")
 
 
+#: Most replicas one run simulates (each has its own engine, pool and records in memory).
+MAX_REPLICAS = 1024
+
+
 def _check_scale_out(cfg: RunConfig) -> None:
     """Validate the tensor-parallel, replica, router and closed-loop fields."""
     for name in ("tensor_parallel_size", "replicas"):
         v = getattr(cfg, name)
         if int(v) != v or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if cfg.replicas > MAX_REPLICAS:
+        raise ValueError(f"replicas must be at most {MAX_REPLICAS} (every replica is "
+                         f"simulated in this process, about 1 MB each), got {cfg.replicas}")
     if cfg.router not in ROUTERS:
         raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {cfg.router!r}")
     if cfg.concurrency is not None:

@@ -110,6 +110,7 @@ def test_unservable_request_is_rejected_with_reason(tmp_path: Path) -> None:
     (["--concurrency", "5", "--arrival", "gamma", "--burstiness", "0.1"],
      "arrival shapes open-loop arrivals"),
     (["--concurrency", "5", "--time-scale", "100"], "time_scale shapes open-loop"),
+    (["--replicas", "100000"], "replicas must be at most 1024"),
 ])
 def test_bad_input_one_line_exit_1(tmp_path: Path, args: list[str], needle: str) -> None:
     out = tmp_path / "o"

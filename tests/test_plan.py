@@ -144,3 +144,15 @@ def test_cli_plan_compares_prefix_caches(tmp_path: Path) -> None:
     assert [c["knobs"] for c in plan["configs"]] == [{"prefix_cache": "none"},
                                                       {"prefix_cache": "block"}]
     assert "prefix_cache=block" in (out / "capacity.md").read_text()
+
+
+def test_cli_plan_leaves_a_cluster_too_large_to_simulate_unconfirmed(tmp_path: Path) -> None:
+    # 32 req/s a replica (a 0.01 s step) puts 1e6 req/s at 31,250 replicas: more than
+    # one run simulates (1024), so the target is reported unconfirmed, unchecked.
+    res = runner.invoke(app, ["plan", "--num-requests", "200", "--seeds", "0",
+                              "--max-probes", "6", "--workers", "1", "--slo-ttft", "1",
+                              "--step-time", "0.01", "--target-rate", "1e6",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "capacity.md").read_text()
+    assert "not confirmed** - the estimate of 31250 replicas is beyond the 1024" in md
