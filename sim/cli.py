@@ -29,6 +29,7 @@ INPUT_ERRORS = (ValueError, OSError, MemoryError)
 
 def fail(message: str) -> NoReturn:
     """Print one line to stderr and exit with code 1."""
+    message = message or "out of memory, or an error with no message"
     err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
@@ -212,7 +213,9 @@ def run(
         help="Run the same workload through several cells, POLICY[:MODIFIER]... separated "
              "by commas (e.g. static,continuous,chunked or chunked:paged,chunked:reserve); "
              "one run directory per cell under --out.")] = None,
-    out: Annotated[Path, typer.Option(help="Run directory to write.")] = Path("runs/latest"),
+    out: Annotated[Path | None, typer.Option(
+        help="Run directory to write [default: runs/latest; with --compare, the directory "
+             "for the cells' run directories, runs/compare].")] = None,
     full_steps: Annotated[bool, typer.Option(
         "--full-steps", help="One steps.csv row per step (default: identical consecutive "
         "steps share a row, with num_steps).")] = False,
@@ -223,7 +226,7 @@ def run(
     and config.json to --out."""
     from sim.compare import cell_config, parse_cells
     from sim.engine import SchedulerStuck
-    from sim.out_dir import check_run_dir
+    from sim.out_dir import check_files, check_run_dir, is_run_dir
     from sim.runner import RunConfig, check_router, prepare, write_run
 
     try:
@@ -245,9 +248,15 @@ def run(
             prefix_cache=prefix_cache,
         )
         cells = parse_cells(compare) if compare is not None else None
+        out = out or Path("runs/compare" if cells is not None else "runs/latest")
         for c in cells or []:  # every cell checked before any output
             cell_config(cfg, c)
             check_run_dir(out / c.dir_name)
+        if cells is not None and is_run_dir(out):
+            raise ValueError(f"out: {out} is a run directory; --compare writes a run "
+                             "directory per cell under --out: give another")
+        if cells is not None and report:
+            check_files(out, ("report.html",))
         if cells is None:
             check_router(cfg)
             check_run_dir(out)

@@ -243,17 +243,21 @@ class Router:
 
     def _choose_approx(self, req: Request, tree: ApproxPrefixTree) -> Replica:
         """cache-aware-approx (sgl-router ``CacheAwarePolicy::select_worker``): by load
-        when imbalanced, else by the tree's longest match above CACHE_THRESHOLD, else the
-        smallest tree; the prompt is inserted under the replica chosen."""
+        when imbalanced, else by the tree's longest match above CACHE_THRESHOLD (its
+        holder's path refreshed either way), else the smallest tree; the prompt is
+        inserted under the replica chosen."""
         reps = self.replicas
         path = prompt_path(self._segments(req))
         if self._imbalanced():
             rep = min(reps, key=lambda r: (r.outstanding, len(r.routed), r.index))
         else:
-            matched, holders = tree.match(path)
-            if matched > CACHE_THRESHOLD * req.num_prompt_tokens:
-                rep = min((reps[t] for t in holders),
-                          key=lambda r: (r.outstanding, len(r.routed), r.index))
+            matched, holders, depth = tree.match(path)
+            holder = min((reps[t] for t in holders),
+                         key=lambda r: (r.outstanding, len(r.routed), r.index), default=None)
+            if holder is not None:
+                tree.touch(path[:depth], holder.index)
+            if holder is not None and matched > CACHE_THRESHOLD * req.num_prompt_tokens:
+                rep = holder
             else:
                 size = tree.size_tokens
                 rep = min(reps, key=lambda r: (size[r.index], r.outstanding, len(r.routed),

@@ -13,13 +13,15 @@ written to temporary siblings and renamed into place once all are written
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-#: What servesim writes into a run directory (config.json marks one).
+#: What servesim writes into a run directory (its config.json, which records
+#: servesim_version, marks one).
 RUN_DIR_FILES = frozenset({"requests.csv", "steps.csv", "summary.json", "config.json",
                            "report.html"})
 
@@ -28,23 +30,37 @@ def check_run_dir(out_dir: Path, option: str = "out") -> Path:
     """The directory a run will be written to (``out_dir`` with symlinks resolved),
     after checking that replacing it loses nothing. Raises ValueError naming ``option``
     when it is a file, the current directory or one holding it, or a non-empty directory
-    other than a previous run directory (which holds config.json and only the files of
-    RUN_DIR_FILES)."""
-    path = Path(out_dir).resolve()
+    other than a previous run directory: one holding servesim's config.json and only the
+    files of RUN_DIR_FILES (and, ignored, .DS_Store or a servesim temporary .*.tmp)."""
+    try:
+        path = Path(out_dir).resolve()
+    except RuntimeError as e:  # a symlink loop
+        raise ValueError(f"{option}: {out_dir}: {e}") from None
     _check_folders(path, out_dir, option)
     cwd = Path.cwd().resolve()
     if path == cwd or path in cwd.parents:
         raise ValueError(f"{option}: {out_dir} is the current directory or holds it; "
                          "give a directory of its own")
     if path.is_dir():
-        names = {p.name for p in path.iterdir()}
+        names = {p.name for p in path.iterdir()
+                 if p.name != ".DS_Store" and not (p.name[0] == "." and p.name.endswith(".tmp"))}
         other = sorted(names - RUN_DIR_FILES)
-        if other or (names and "config.json" not in names):
+        if other or (names and not is_run_dir(path)):
             shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
             raise ValueError(f"{option}: {out_dir} is not a servesim run directory (it holds "
-                             f"{shown or 'files but no config.json'}); it would be "
-                             "replaced: give a new or empty directory")
+                             f"{shown or 'a config.json servesim did not write'}); it would "
+                             "be replaced: give a new or empty directory")
     return path
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds the config.json of a servesim run (it records the
+    version)."""
+    try:
+        data = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "servesim_version" in data
 
 
 def _check_folders(path: Path, given: Path, option: str) -> None:
@@ -79,17 +95,29 @@ def stage_dir(out_dir: Path, write: Callable[[Path], None], option: str = "out")
 
 def commit_dirs(staged: Sequence[tuple[Path, Path]]) -> None:
     """Swap each staged (temporary directory, run directory) pair into place; a run
-    directory there before is removed once replaced."""
-    for tmp, out_dir in staged:
-        path = Path(out_dir).resolve()
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-            os.rmdir(old)  # a fresh unused name for the previous run
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
+    directory there before is removed once replaced. On an error the staged directories
+    not yet swapped in are removed."""
+    done = 0
+    try:
+        for tmp, out_dir in staged:
+            _swap(tmp, out_dir)
+            done += 1
+    except BaseException:
+        discard(staged[done:])
+        raise
+
+
+def _swap(tmp: Path, out_dir: Path) -> None:
+    """Put ``tmp`` where ``out_dir`` is (symlinks resolved), removing what was there."""
+    path = Path(out_dir).resolve()
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+        os.rmdir(old)  # a fresh unused name for the previous run
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
 
 
 def discard(staged: Sequence[tuple[Path, Path]]) -> None:

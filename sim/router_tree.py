@@ -5,9 +5,10 @@ replicas. The router of sim/cluster.py uses it for ``--router cache-aware-approx
 
 SGLang keeps one radix tree over prompt *text* for all workers ("tenants"): routing a
 request inserts its text under the chosen worker, stamping every node on the path with the
-time; a match walks the tree as far as the text agrees and names a worker holding the
-deepest node reached; every ``eviction_interval_secs`` (default 120 s) each worker whose
-nodes hold more than ``max_tree_size`` characters (default 2**26) loses its least
+time; a match walks the tree as far as the text agrees, names a worker holding the
+deepest node reached and stamps that worker's path (``touch`` here), whether or not the
+request then goes there; every ``eviction_interval_secs`` (default 120 s) each worker
+whose nodes hold more than ``max_tree_size`` characters (default 2**26) loses its least
 recently used leaves until it fits.
 
 Here a node is one segment of a prompt (sim/prefix_content.py: a Mooncake hash block, a
@@ -19,8 +20,9 @@ LRU list touched deepest first, so the least recent node is always a leaf of tha
 (a node is touched whenever any node below it is) and eviction pops from the front, as
 SGLang's heap of leaves pops them. Differences: SGLang's nodes are maximal shared runs of
 text, and evicting one removes the whole run, where this removes a segment at a time; and
-SGLang's match also stamps the path for the matched worker before the insert, which
-changes nothing here because the insert stamps the chosen worker's path at once.
+where several workers hold the deepest node SGLang names the first in its hash map's
+order, where the router here takes the least loaded (sim/cluster.py), so runs are
+deterministic.
 """
 
 from __future__ import annotations
@@ -74,25 +76,34 @@ class ApproxPrefixTree:
         self._interval = eviction_interval_s
         self._next_eviction = eviction_interval_s
 
-    def match(self, path: Path) -> tuple[int, list[int]]:
-        """The longest prefix of ``path`` in the tree, in tokens, and the tenants holding
-        all of it (ascending; none when nothing matched)."""
-        best, tenants = 0, []
+    def match(self, path: Path) -> tuple[int, list[int], int]:
+        """The longest prefix of ``path`` in the tree: its tokens, the tenants holding all
+        of it (ascending; none when nothing matched) and how many of ``path``'s nodes it
+        reaches into."""
+        best, tenants, depth = 0, [], 0
         for t, nodes in enumerate(self._nodes):
-            got = 0
+            got = k = 0
             for key, tokens in path:
                 have = nodes.get(key)
                 if have is None:
                     break
+                k += 1
                 if have < tokens:  # the tree holds a shorter cut of this segment
                     got += have
                     break
                 got += tokens
             if got > best:
-                best, tenants = got, [t]
+                best, tenants, depth = got, [t], k
             elif got == best and got:
                 tenants.append(t)
-        return best, tenants
+        return best, tenants, depth
+
+    def touch(self, path: Path, tenant: int) -> None:
+        """Make ``path`` (nodes ``tenant`` holds: a match's) its most recent, deepest
+        first, as SGLang's match stamps the matched worker's path."""
+        nodes = self._nodes[tenant]
+        for key, _ in reversed(path):
+            nodes.move_to_end(key)
 
     def insert(self, path: Path, tenant: int) -> None:
         """Record ``path`` as routed to ``tenant`` now: its nodes become the tenant's most

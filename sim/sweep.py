@@ -222,22 +222,27 @@ def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
 
 def check_cells(base: RunConfig, grid: Grid,
                 at_load: Callable[[RunConfig], RunConfig] | None = None) -> None:
-    """Before anything runs, raise the ValueError the first failing cell of ``grid`` over
-    ``base`` would raise (check_router_cells, then runner.check_config for every cell,
-    building the workload once per distinct load), prefixed with the cell's knobs.
-    ``at_load``: a cell's config at the load a plan starts from."""
+    """Before anything runs: check_router_cells, then runner.check_config on the config
+    each cell runs (as cell_tasks builds it, at its first seed; ``at_load`` gives a
+    plan's cell at the load it starts from), the workload built once per distinct load.
+    A cell that cannot run is left to run and report its error (sweep.csv's ``error``,
+    the plan's note); when no cell can, raise the first one's ValueError, prefixed with
+    its knobs when there are several cells."""
     check_router_cells(base, grid)
-    seen = set()
-    for knobs in grid.cells():
-        cfg = dataclasses.replace(base, **knobs)
-        cfg = at_load(cfg) if at_load is not None else cfg
-        key = tuple(knobs.get(k) for k in ("rate", "concurrency", "burstiness"))
+    seen, first = set(), None
+    tasks = cell_tasks(base, dataclasses.replace(grid, seeds=grid.seeds[:1]))
+    for task in tasks:
+        cfg = at_load(task.config) if at_load is not None else task.config
+        key = tuple(task.knobs.get(k) for k in ("rate", "concurrency", "burstiness"))
         try:
             check_config(cfg, workload=key not in seen)
+            return  # one cell can run
         except (ValueError, FileNotFoundError) as e:
-            where = ", ".join(f"{k} {v}" for k, v in knobs.items())
-            raise ValueError(f"{where}: {e}" if len(grid.cells()) > 1 else str(e)) from None
+            where = ", ".join(f"{k} {v}" for k, v in task.knobs.items())
+            first = first or (f"{where}: {e}" if len(tasks) > 1 else str(e))
         seen.add(key)
+    if first is not None:
+        raise ValueError(first if len(tasks) == 1 else f"no cell can run; the first: {first}")
 
 
 def check_router_cells(base: RunConfig, grid: Grid) -> None:

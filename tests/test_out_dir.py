@@ -140,3 +140,37 @@ def test_a_sweep_whose_every_run_fails_says_why_and_writes_nothing(tmp_path: Pat
     assert res.exit_code == 1
     assert "every run failed; the first: no progress" in res.output.replace("\n", "")
     assert not out.exists()
+
+
+def test_only_servesims_own_config_marks_a_run_directory(tmp_path: Path) -> None:
+    hf = tmp_path / "hf"  # a Hugging Face model folder: a config.json of its own
+    hf.mkdir()
+    (hf / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    res = runner.invoke(app, [*RUN, "--out", str(hf)])
+    assert res.exit_code == 1 and "a config.json servesim did not write" in res.output
+    assert (hf / "config.json").read_text() == '{"architectures": ["LlamaForCausalLM"]}'
+    run = tmp_path / "run"  # a previous run with a Finder file and a stale temporary
+    assert runner.invoke(app, [*RUN, "--out", str(run)]).exit_code == 0
+    (run / ".DS_Store").write_text("")
+    (run / ".report.html.tmp").write_text("")
+    assert runner.invoke(app, [*RUN, "--out", str(run)]).exit_code == 0
+
+
+def test_a_symlink_loop_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    res = runner.invoke(app, [*RUN, "--out", str(tmp_path / "loop")])
+    assert res.exit_code == 1 and "loop" in res.output and "Traceback" not in res.output
+
+
+def test_compare_and_run_keep_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Their defaults differ (runs/latest, runs/compare), so a compare never fills the
+    # run directory a plain run replaces; given the same --out, compare refuses.
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(app, RUN).exit_code == 0
+    assert runner.invoke(app, [*RUN, "--compare", "chunked,continuous"]).exit_code == 0
+    assert runner.invoke(app, RUN).exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["compare", "latest"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "compare").iterdir()) == [
+        "chunked", "continuous"]
+    res = runner.invoke(app, [*RUN, "--compare", "chunked", "--out", "runs/latest"])
+    assert res.exit_code == 1 and "is a run directory; --compare writes" in res.output

@@ -118,7 +118,7 @@ def test_cli_plan_concurrency_axis(tmp_path: Path) -> None:
     # Checked for every config before the first probe: one line, no report written.
     (["--slo-ttft", "1", "--model", "nope"], "unknown model 'nope'"),
     (["--slo-ttft", "1", "--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
-    (["--slo-ttft", "1", "--policy", "chunked,nope"], "policy nope: unknown policy"),
+    (["--slo-ttft", "1", "--policy", "nope,fifo"], "no cell can run; the first: policy nope"),
     (["--slo-ttft", "1", "--tensor-parallel-size", "3"], "must divide num_attention_heads"),
     (["--slo-ttft", "1", "--burstiness", "-2"], "burstiness must be > 0"),
     (["--slo-ttft", "1", "--trace", "nope.csv"], "not found"),
@@ -156,3 +156,17 @@ def test_cli_plan_leaves_a_cluster_too_large_to_simulate_unconfirmed(tmp_path: P
     assert res.exit_code == 0, res.output
     md = (tmp_path / "capacity.md").read_text()
     assert "not confirmed** - the estimate of 31250 replicas is beyond the 1024" in md
+
+
+def test_cli_plan_keeps_going_past_a_config_that_cannot_run(tmp_path: Path) -> None:
+    # Llama-3.1-70B's weights (141 GB in bf16) do not fit one H100: TP 1 cannot run and
+    # is noted; TP 4 is planned.
+    res = runner.invoke(app, ["plan", "--model", "llama-3.1-70b", "--tensor-parallel-size",
+                              "1,4", "--num-requests", "100", "--seeds", "0", "--max-probes",
+                              "3", "--workers", "1", "--slo-ttft", "5", "--step-time", "0.05",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    tp1, tp4 = plan["configs"]
+    assert plan["best_config"] == 1 and tp4["knobs"] == {"tensor_parallel_size": 4}
+    assert "leaves no room for the KV cache" in tp1["error"] and tp4["error"] == ""

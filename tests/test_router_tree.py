@@ -33,13 +33,13 @@ def test_match_and_sizes() -> None:
     tree.insert(prompt_path([A, C]), 1)
     tree.insert(prompt_path([A]), 1)  # already there: no growth
     assert tree.size_tokens == [150, 130, 0]
-    assert tree.match(prompt_path([A, B, C])) == (150, [0])
-    assert tree.match(prompt_path([A, (9, 5)])) == (100, [0, 1])
-    assert tree.match(prompt_path([B])) == (0, [])
+    assert tree.match(prompt_path([A, B, C])) == (150, [0], 2)
+    assert tree.match(prompt_path([A, (9, 5)])) == (100, [0, 1], 1)
+    assert tree.match(prompt_path([B])) == (0, [], 0)
     # A longer cut of a segment matches the cut held; a shorter one matches whole.
     tree.insert(prompt_path([(7, 40)]), 2)
-    assert tree.match(prompt_path([(7, 64), B])) == (40, [2])
-    assert tree.match(prompt_path([(7, 10)])) == (10, [2])
+    assert tree.match(prompt_path([(7, 64), B])) == (40, [2], 1)
+    assert tree.match(prompt_path([(7, 10)])) == (10, [2], 1)
     tree.insert(prompt_path([(7, 64)]), 2)
     assert tree.size_tokens[2] == 64
 
@@ -54,8 +54,8 @@ def test_eviction_takes_least_recent_leaves_at_the_interval() -> None:
     # Leaves go oldest first, B then C, until 100 <= 120; A, their parent, stays.
     tree.evict_due(120.0)
     assert tree.size_tokens == [100]
-    assert tree.match(prompt_path([A, B])) == (100, [0])
-    assert tree.match(prompt_path([A, C])) == (100, [0])
+    assert tree.match(prompt_path([A, B])) == (100, [0], 1)
+    assert tree.match(prompt_path([A, C])) == (100, [0], 1)
     # The next round is at 240 s: a tree over the limit stays so until then.
     tree.insert(prompt_path([A, B]), 0)
     tree.evict_due(239.0)
@@ -67,7 +67,7 @@ def test_eviction_takes_least_recent_leaves_at_the_interval() -> None:
     tree.insert(prompt_path([A, C]), 0)
     tree.insert(prompt_path([A, B]), 0)
     tree.evict_due(120.0)
-    assert tree.size_tokens == [150] and tree.match(prompt_path([A, C])) == (100, [0])
+    assert tree.size_tokens == [150] and tree.match(prompt_path([A, C])) == (100, [0], 1)
 
 
 @pytest.mark.parametrize(("args", "field"), [((0,), "num_tenants"),
@@ -149,3 +149,20 @@ def test_approx_router_in_a_workload_run() -> None:
     assert approx["prefix_cache"]["hit_tokens"] > rr["prefix_cache"]["hit_tokens"]
     blind = run("none", "cache-aware-approx")
     assert blind["num_finished"] == 300 and blind["prefix_cache"]["mode"] == "none"
+
+
+def test_a_match_refreshes_the_holders_path() -> None:
+    # As SGLang's prefix_match stamps the matched worker's path, whether or not the
+    # request then goes there: [A, B] is refreshed past C, so C is evicted first.
+    def tree_after(touched: bool) -> ApproxPrefixTree:
+        tree = ApproxPrefixTree(1, max_size_tokens=160)
+        tree.insert(prompt_path([A, B]), 0)
+        tree.insert(prompt_path([C]), 0)
+        if touched:
+            _, holders, depth = tree.match(prompt_path([A, B, (9, 500)]))
+            tree.touch(prompt_path([A, B])[:depth], holders[0])
+        tree.evict_due(120.0)
+        return tree
+
+    assert tree_after(True).size_tokens == [150]  # C (30) went
+    assert tree_after(False).size_tokens == [130]  # B (50) went

@@ -59,6 +59,22 @@ def test_failed_cell_gives_an_error_row_not_a_failed_sweep() -> None:
     assert "gpu_memory_utilization" in df["error"][1] and pd.isna(df["throughput_rps"][1])
 
 
+def test_cli_sweep_runs_past_a_cell_that_cannot_run_and_retimes_traces(
+        tmp_path: Path) -> None:
+    # Checked before running: one cell that cannot run is an error row, not a refusal;
+    # a rate axis over a trace re-times it by Poisson arrivals (no --arrival needed).
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,num_prompt_tokens,output_len\n"
+                     + "".join(f"{i * 0.5},{100 + i},{5 + i % 3}\n" for i in range(20)))
+    res = runner.invoke(app, ["sweep", "--trace", str(trace), "--rate", "2,4",
+                              "--gpu-memory-utilization", "0.9,0.01", "--step-time", "0.01",
+                              "--workers", "1", "--out", str(tmp_path / "sw")])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "sw" / "sweep.csv", keep_default_na=False)
+    assert list(df["error"] == "") == [True, True, False, False]
+    assert df["error"].iloc[2].startswith("gpu_memory_utilization 0.01 leaves no room")
+
+
 def test_cli_sweep_writes_csv_and_offline_html_and_reruns_identically(tmp_path: Path) -> None:
     args = ["sweep", "--num-requests", "60", "--step-time", "0.02", "--max-num-seqs", "4,16",
             "--rate", "5,40", "--seeds", "0,1", "--workers", "2", "--slo-ttft", "0.5"]
