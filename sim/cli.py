@@ -408,4 +408,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m sim.cli`: the commands of sim/cli_capacity.py and sim/cli_tools.py
+    # register on the app of the module `sim.cli`, not on this __main__ copy's.
+    from sim.cli import main as _main
+
+    _main()

@@ -4,6 +4,7 @@ determinism, and one clear line with exit code 1 for every kind of bad input."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -163,3 +164,13 @@ def test_mooncake_replay_rejects_over_long_requests(tmp_path: Path) -> None:
     assert len(rejected) > 0 and not too_long.any()
     assert rejected["reason"].str.contains("max_model_len").all()
     assert len(req) == 300
+
+
+def test_python_m_sim_cli_has_every_command() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "sim.cli", "--help"], capture_output=True,
+                         text=True, check=True, env={**os.environ, "COLUMNS": "100"}).stdout
+    for command in ("run", "report", "sweep", "plan", "diagram", "validate", "calibrate"):
+        assert f" {command} " in out, command
