@@ -81,3 +81,17 @@ def test_cli_constant_cost_model_no_waiting_below_capacity(tmp_path: Path) -> No
     assert summary["queued_time_s"]["max"] == 0
     assert summary["ttft_s"]["max"] == pytest.approx(STEP)
     assert summary["saturated"] is False
+
+
+def test_saturation_rule_over_an_astronomical_span_warns_nothing() -> None:
+    # --rate 1e-300: arrivals 1e300 s apart. The fit is meaningless and was noisy on
+    # stderr (overflow, RankWarning); it now stays quiet and the run is not saturated.
+    import warnings
+
+    from sim.saturation import saturation_summary
+
+    arrival = np.arange(20, dtype=np.float64) * 1e300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = saturation_summary({"arrival_time": arrival, "finish_time": arrival + 1.0})
+    assert out["saturated"] is False
