@@ -17,7 +17,7 @@ mostly one run). A request then carries its positions as a few runs
 Memory: the table holds about three runs a row (two int64 each); an index's arena holds
 one int64 per slot, that is per distinct (chain, block) of the workload: 5.9 million
 (47 MB) for the Mooncake conversation trace at block_size 16, sixteen times that at
-block_size 1. Past ``sim.runner.MAX_FIXED_SLOTS`` (32 M slots, 256 MB, over all the
+block_size 1. Past ``sim.workload_content.MAX_FIXED_SLOTS`` (32 M slots, 256 MB, over all the
 replicas' caches) a run names its blocks per request instead.
 """
 

@@ -111,6 +111,8 @@ def prepare_validation(cfg: RunConfig, device: str | None = None, timer: str = "
         raise ValueError("replicas and tensor_parallel_size must be 1: validate executes "
                          "one engine on one device")
     profile = load_profile(cfg.profile)
+    if device is not None and not device.strip():
+        raise ValueError("device must name a torch device (cpu, cuda, cuda:1), got ''")
     device = device or profile.device
     if device.split(":")[0] != profile.device:
         raise ValueError(f"device {device!r} differs from the profile's device "

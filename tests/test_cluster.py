@@ -15,7 +15,7 @@ import pytest
 import simpy
 from typer.testing import CliRunner
 
-import sim.runner as runner_module
+import sim.workload_content as workload_content
 from policies.chunked import ChunkedPolicy
 from sim.cli import app
 from sim.cluster import ROUTERS, Replica, Router, simulate_cluster
@@ -221,7 +221,7 @@ def test_cache_aware_cluster_same_with_per_request_slots(
                              prefix_cache=mode, num_gpu_blocks=500, max_num_seqs=16,
                              replicas=3, router="cache-aware"))
     fixed = simulate_prepared(prep)
-    monkeypatch.setattr(runner_module, "MAX_FIXED_SLOTS", 10)
+    monkeypatch.setattr(workload_content, "MAX_FIXED_SLOTS", 10)
     per_request = simulate_prepared(prep)
     pc = fixed.summary["prefix_cache"]
     assert pc["hit_tokens"] > 0 and pc["evictions"] > 0 and fixed.summary["num_preemptions"] > 0
@@ -281,9 +281,9 @@ def test_fixed_slots_are_capped_over_all_replicas(monkeypatch: pytest.MonkeyPatc
     num_slots = PrefixSlotTable.for_workload(
         w.num_prompt_tokens, w.output_len, w.request_id, 16,
         prompt_segments=w.prompt_segments, hash_ids=w.hash_ids).num_slots
-    monkeypatch.setattr(runner_module, "MAX_FIXED_SLOTS", num_slots)
+    monkeypatch.setattr(workload_content, "MAX_FIXED_SLOTS", num_slots)
     for replicas, fixed in ((1, True), (2, False)):
-        content = runner_module.prompt_content(w, 16, replicas)
+        content = workload_content.prompt_content(w, 16, replicas)
         assert content is not None
         req = Request("0", 0.0, int(w.num_prompt_tokens[0]), 1, 1, 0, 0)
         content(req)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim.runner as runner
+import sim.workload_content as workload_content
 from policies import get_policy_class
 from scenarios.workload import Workload
 from sim.config import SchedulerConfig
@@ -379,8 +380,8 @@ def test_past_the_slot_limit_blocks_are_named_per_request(
     prep = prepare(RunConfig(scenario="multi-turn", num_requests=80, rate=40.0,
                              prefix_cache="block", num_gpu_blocks=600, max_num_seqs=16))
     fixed = simulate_prepared(prep)
-    monkeypatch.setattr(runner, "MAX_FIXED_SLOTS", 10)
-    content = runner.prompt_content(prep.workload, prep.config.block_size)
+    monkeypatch.setattr(workload_content, "MAX_FIXED_SLOTS", 10)
+    content = workload_content.prompt_content(prep.workload, prep.config.block_size)
     assert content is not None
     req = Request("0", 0.0, int(prep.workload.num_prompt_tokens[0]), 1, 1, 0, 0)
     content(req)

@@ -224,6 +224,7 @@ def test_validate_command_writes_files_and_prints_errors(
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--device", "cuda"), "differs from the profile's device"),
+    (("--device", ""), "device must name a torch device"),
     (("--profile", "nope.json"), "cannot read profile"),
     (("--scenario", "nope"), "scenario must be one of"),
     (("--timer", "sundial"), "timer must be one of"),
