@@ -40,8 +40,8 @@ from sim.validate import (
     shipped_profile,
     step_error_line,
     validation_config,
-    write_validation,
 )
+from sim.validate_report import write_validation
 
 SWEEP_RATES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 TARGETS = (("throughput (req/s)", 0.05), ("E2E p50 (s)", 0.10), ("E2E p99 (s)", 0.10))

@@ -117,15 +117,14 @@ def validate(
     validation.html and both run directories to --out, and print the error table."""
     from sim.engine import SchedulerStuck
     from sim.validate import (
-        check_validation_out,
         error_table,
         prepare_validation,
         run_validation,
         schedule_line,
         step_error_line,
         validation_config,
-        write_validation,
     )
+    from sim.validate_report import check_validation_out, write_validation
 
     try:
         cfg = validation_config(

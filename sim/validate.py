@@ -17,27 +17,23 @@ the simulation says 10% more than the real run measured).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from sim.out_dir import check_files, check_run_dir, commit_dirs, discard, write_files
 from sim.runner import (
     Prepared,
     RunConfig,
     prepare,
     resolved_config,
     simulate_prepared,
-    stage_run,
 )
 
 if TYPE_CHECKING:
@@ -328,50 +324,6 @@ def validation_dict(prep: Prepared, v: Validation) -> dict[str, Any]:
 
 def _summary(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: x for k, x in summary.items() if k != "replicas"}
-
-
-def write_validation(out_dir: Path, prep: Prepared, v: Validation) -> dict[str, Any]:
-    """Write validation.json, validation.html and the two run directories (predicted/,
-    measured/: `servesim report` reads them) into ``out_dir``, whole or not at all as
-    far as sim/out_dir.py can make it (both runs staged, then swapped in, then the two
-    files renamed into place); returns the JSON dict. Raises ValueError (naming out) when
-    a run directory there may not be replaced or a file's place is a directory."""
-    from sim.validate_report import validation_page
-
-    out_dir = check_files(out_dir, VALIDATION_FILES)
-    check_validation_out(out_dir)
-    data = validation_dict(prep, v)
-    label = (f"measured: {v.setup.spec.name} on {v.setup.device} ({v.setup.dtype}, "
-             f"{v.setup.threads or 'default'} threads, {v.timer} clock, fastest of "
-             f"{v.setup.repeats})")
-    staged: list[tuple[Path, Path]] = []
-    try:
-        staged.append((stage_run(out_dir / "predicted", prep, v.predicted, full_steps=True),
-                       out_dir / "predicted"))
-        staged.append((stage_run(out_dir / "measured",
-                                 dataclasses.replace(prep, cost_model_label=label),
-                                 v.measured, full_steps=True), out_dir / "measured"))
-        page_html = validation_page(data)
-    except BaseException:
-        discard(staged)
-        raise
-    commit_dirs(staged)
-    write_files(out_dir, {"validation.json": lambda: json.dumps(data, indent=1) + "\n",
-                          "validation.html": lambda: page_html})
-    return data
-
-
-VALIDATION_FILES = ("validation.json", "validation.html")
-
-
-def check_validation_out(out_dir: Path) -> None:
-    """Raise ValueError (naming out) when validate could not write ``out_dir`` whole: a
-    file there, a directory where one of its files goes, or predicted/ or measured/
-    that is not a previous run directory. Checked before measuring, and again before
-    writing."""
-    check_files(out_dir, VALIDATION_FILES)
-    for sub in ("predicted", "measured"):
-        check_run_dir(Path(out_dir) / sub)
 
 
 # -- terminal output --------------------------------------------------------------------

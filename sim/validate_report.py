@@ -1,5 +1,7 @@
 """validation.html: the page of one ``servesim validate`` run, drawn from its
-validation.json dict (sim/validate.py), so the page can be redrawn from the file alone.
+validation.json dict (sim/validate.py), so the page can be redrawn from the file alone;
+and the run's outputs (``write_validation``: that page, validation.json and the two run
+directories, whole or not at all).
 
 Owns the tables (error table, step error, setup) and four figures: predicted against
 measured step times (same step, same shape), the per-step error over time, per-request TTFT
@@ -10,12 +12,20 @@ inlined once) is sim.html_page.page.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sim.html_page import page, table
+from sim.out_dir import check_files, check_run_dir, commit_dirs, discard, write_files
 from sim.report import COLOURS, cdf_points
+from sim.runner import Prepared, stage_run
+
+if TYPE_CHECKING:
+    from sim.validate import Validation
 
 PRED, MEAS = COLOURS[0], COLOURS[1]
 
@@ -181,3 +191,50 @@ def validation_page(data: dict[str, Any]) -> str:
         "<h2>Latency CDFs</h2>", cdf_figure(data),
     ]
     return page(f"servesim validate: {data['config']['policy']}", parts)
+
+
+# -- the run's outputs ---------------------------------------------------------------
+
+
+def write_validation(out_dir: Path, prep: Prepared, v: Validation) -> dict[str, Any]:
+    """Write validation.json, validation.html and the two run directories (predicted/,
+    measured/: `servesim report` reads them) into ``out_dir``, whole or not at all as
+    far as sim/out_dir.py can make it (both runs staged, then swapped in, then the two
+    files renamed into place); returns the JSON dict. Raises ValueError (naming out) when
+    a run directory there may not be replaced or a file's place is a directory."""
+    out_dir = check_files(out_dir, VALIDATION_FILES)
+    check_validation_out(out_dir)
+    from sim.validate import validation_dict
+
+    data = validation_dict(prep, v)
+    label = (f"measured: {v.setup.spec.name} on {v.setup.device} ({v.setup.dtype}, "
+             f"{v.setup.threads or 'default'} threads, {v.timer} clock, fastest of "
+             f"{v.setup.repeats})")
+    staged: list[tuple[Path, Path]] = []
+    try:
+        staged.append((stage_run(out_dir / "predicted", prep, v.predicted, full_steps=True),
+                       out_dir / "predicted"))
+        staged.append((stage_run(out_dir / "measured",
+                                 dataclasses.replace(prep, cost_model_label=label),
+                                 v.measured, full_steps=True), out_dir / "measured"))
+        page_html = validation_page(data)
+    except BaseException:
+        discard(staged)
+        raise
+    commit_dirs(staged)
+    write_files(out_dir, {"validation.json": lambda: json.dumps(data, indent=1) + "\n",
+                          "validation.html": lambda: page_html})
+    return data
+
+
+VALIDATION_FILES = ("validation.json", "validation.html")
+
+
+def check_validation_out(out_dir: Path) -> None:
+    """Raise ValueError (naming out) when validate could not write ``out_dir`` whole: a
+    file there, a directory where one of its files goes, or predicted/ or measured/
+    that is not a previous run directory. Checked before measuring, and again before
+    writing."""
+    check_files(out_dir, VALIDATION_FILES)
+    for sub in ("predicted", "measured"):
+        check_run_dir(Path(out_dir) / sub)
