@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sim.cli_tables import headline_table, replica_table, scale_out_line, summary_table
+
 app = typer.Typer(
     name="servesim", help="LLM-serving scheduling simulator (vLLM-faithful policies).",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -32,98 +34,6 @@ def fail(message: str) -> NoReturn:
     message = message or "out of memory, or an error with no message"
     err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(1)
-
-
-def _fmt(x: Any, scale: float = 1.0, digits: int = 3) -> str:
-    return "-" if x is None else f"{x * scale:,.{digits}f}"
-
-
-def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
-    """A rich table of the headline metrics of one summary.json."""
-    if summary.get("saturated"):
-        title += " (SATURATED: not steady-state)"
-    t = Table(title=title, show_header=True, header_style="bold")
-    t.add_column("metric")
-    for c in ("mean", "p50", "p90", "p99", "max"):
-        t.add_column(c, justify="right")
-    for key, label in (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("itl_s", "ITL (ms)"),
-                       ("e2e_latency_s", "E2E latency (s)"), ("queued_time_s", "queued (s)")):
-        st = summary[key]
-        scale = 1000.0 if "ms" in label else 1.0
-        t.add_row(label, *(_fmt(st[c], scale, 1 if scale > 1 else 3)
-                           for c in ("mean", "p50", "p90", "p99", "max")))
-    return t
-
-
-def saturation_text(summary: dict[str, Any]) -> str:
-    """One line for tables: whether the run saturated (see sim/saturation.py)."""
-    if summary.get("saturated"):
-        return ("[bold red]SATURATED[/bold red]: the queue grows over the arrival window; "
-                "latency percentiles are not steady-state")
-    return "no (steady state)"
-
-
-def scale_out_line(cfg: Any) -> str:
-    """GPUs, replicas and the load model of a run, in one line."""
-    tp, n = cfg.tensor_parallel_size, cfg.replicas
-    load = (f"closed loop, {cfg.concurrency} users, think time {cfg.think_time:g} s"
-            if cfg.concurrency is not None else "open loop")
-    route = f", router {cfg.router}" if n > 1 else ""
-    return (f"GPUs: {n * tp} ({n} replica{'s' if n > 1 else ''} x TP {tp}){route}; "
-            f"KV cache and memory per GPU; {load}")
-
-
-def replica_table(summary: dict[str, Any]) -> Table:
-    """Per-replica headline metrics of a cluster run."""
-    t = Table(title="replicas", header_style="bold")
-    for c in ("replica", "requests", "req/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
-              "TPOT p99 (ms)", "KV peak", "saturated"):
-        t.add_column(c, justify="right")
-    for r in summary["replicas"]:
-        t.add_row(str(r["replica"]), f"{r['num_requests']:,}",
-                  f"{r['throughput']['requests_per_s']:.3f}", _fmt(r["ttft_s"]["p50"], 1e3, 1),
-                  _fmt(r["ttft_s"]["p99"], 1e3, 1), _fmt(r["tpot_s"]["p99"], 1e3, 1),
-                  f"{r['kv_cache']['peak_usage']:.1%}", "YES" if r["saturated"] else "no")
-    return t
-
-
-def prefix_cache_text(pc: dict[str, Any]) -> str:
-    """One line for tables: hit rate, prefill tokens saved and evictions of a run's
-    prefix cache (summary.json's ``prefix_cache``)."""
-    hit = pc["hit_rate_tokens"]
-    rate = "-" if hit is None else f"{hit:.1%}"
-    return (f"{pc['mode']}: hit rate {rate} of prompt tokens, "
-            f"{pc['prefill_tokens_saved']:,} prefill tokens saved, "
-            f"{pc['evictions']:,} blocks evicted")
-
-
-def headline_table(summary: dict[str, Any]) -> Table:
-    t = Table(show_header=False, box=None)
-    thr, kv, sl = summary["throughput"], summary["kv_cache"], summary["slots"]
-    good = summary["goodput_requests_per_s"]
-    rows = [
-        ("requests", f"{summary['num_finished']:,} finished, {summary['num_rejected']:,} "
-                     f"rejected of {summary['num_requests']:,}"),
-        ("duration", f"{summary['duration_s']:,.2f} s"),
-        ("throughput", f"{thr['requests_per_s']:,.3f} req/s, "
-                       f"{thr['output_tokens_per_s']:,.1f} output tok/s, "
-                       f"{thr['total_tokens_per_s']:,.1f} total tok/s"),
-        ("goodput", "-" if good is None else f"{good:,.3f} req/s"),
-        ("preemptions", f"{summary['num_preemptions']:,}"
-                        + (f" ({summary['num_swaps']:,} by swap)" if summary.get("num_swaps")
-                           else "")),
-        ("KV cache usage", f"peak {kv['peak_usage']:.1%}, mean {kv['mean_usage']:.1%}"),
-        ("batch slots", f"useful {sl['useful_fraction']:.1%}, idle {sl['idle_fraction']:.1%}, "
-                        f"empty {sl['empty_fraction']:.1%}; mean batch "
-                        f"{summary['batch']['mean_num_seqs']:.1f} seqs"),
-        ("saturated", saturation_text(summary)),
-    ]
-    pc = summary.get("prefix_cache")
-    if pc and pc.get("mode", "none") != "none":
-        rows.insert(5, ("prefix cache", prefix_cache_text(pc)))
-    for k, v in rows:
-        t.add_row(f"[bold]{k}[/bold]", v)
-    return t
 
 
 @app.command()
