@@ -139,11 +139,12 @@ def _hit_rate(summary: dict[str, Any]) -> str:
 def compare_table(results: list[tuple[Cell, dict[str, Any]]], title: str = "compare") -> Table:
     """One row per cell: throughput, TTFT / TPOT / E2E p50 and p99, slot fractions,
     preemptions (of which swaps) and rejections; narrow enough for 120 columns. A
-    saturated cell's req/s is starred, and a caption says what that means."""
+    caption names the saturated cells (no column is widened for it)."""
     t = Table(title=title, header_style="bold")
-    if any(s.get("saturated") for _, s in results):
-        t.caption = ("* saturated: the queue grows over the arrival window; latency "
-                     "percentiles are not steady-state")
+    saturated = [c.label for c, s in results if s.get("saturated")]
+    if saturated:
+        t.caption = ("saturated (the queue grows over the arrival window; latency "
+                     f"percentiles are not steady-state): {', '.join(saturated)}")
     cached = any(s.get("prefix_cache", {}).get("mode", "none") != "none" for _, s in results)
     for name in ("cell", "req/s", "out\ntok/s", "TTFT s\np50/p99", "TPOT ms\np50/p99",
                  "E2E s\np50/p99", "slots %\nuse/idle/empty", "preempt\n(swaps)", "reject",
@@ -156,8 +157,7 @@ def compare_table(results: list[tuple[Cell, dict[str, Any]]], title: str = "comp
     for cell, s in results:
         thr, sl = s["throughput"], s["slots"]
         t.add_row(
-            cell.label, f"{thr['requests_per_s']:.2f}" + (" *" if s.get("saturated") else ""),
-            f"{thr['output_tokens_per_s']:,.0f}",
+            cell.label, f"{thr['requests_per_s']:.2f}", f"{thr['output_tokens_per_s']:,.0f}",
             _pair(s["ttft_s"], 1, 1), _pair(s["tpot_s"], 1000, 0),
             _pair(s["e2e_latency_s"], 1, 1),
             "/".join(f"{sl[f'{k}_fraction']:.0%}".rstrip("%") for k in ("useful", "idle", "empty")),
