@@ -75,6 +75,9 @@ def main() -> None:
                          "only ever slows a run down), the spread is printed after it")
     opts = ap.parse_args()
     names = opts.only.split(",")
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        ap.error(f"--only: unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     print(f"{'scenario':14} {'requests':>10} {'steps':>11} {'wall s':>8} {'steps/s':>10} "
           f"{'req/s':>9} {'RSS MB':>7}  reference")
     results = {}

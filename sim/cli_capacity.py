@@ -95,7 +95,7 @@ def sweep(
                          profile=profile, router=router, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        check_cells(base, grid)
+        check_cells(base, grid, think_time=think_time)
         check_files(out, ("sweep.csv", "sweep.json", "sweep.html"))
     except INPUT_ERRORS as e:
         fail(str(e))

@@ -42,8 +42,7 @@ def check_run_dir(out_dir: Path, option: str = "out") -> Path:
         raise ValueError(f"{option}: {out_dir} is the current directory or holds it; "
                          "give a directory of its own")
     if path.is_dir():
-        names = {p.name for p in path.iterdir()
-                 if p.name != ".DS_Store" and not (p.name[0] == "." and p.name.endswith(".tmp"))}
+        names = {p.name for p in path.iterdir() if not _ignorable(p)}
         other = sorted(names - RUN_DIR_FILES)
         if other or (names and not is_run_dir(path)):
             shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
@@ -51,6 +50,13 @@ def check_run_dir(out_dir: Path, option: str = "out") -> Path:
                              f"{shown or 'a config.json servesim did not write'}); it would "
                              "be replaced: give a new or empty directory")
     return path
+
+
+def _ignorable(p: Path) -> bool:
+    """A Finder file, or a temporary servesim left behind (``.report.html.tmp``: a killed
+    write_files), which replacing the directory may drop."""
+    return p.name == ".DS_Store" or (
+        p.is_file() and p.name in {f".{n}.tmp" for n in RUN_DIR_FILES})
 
 
 def is_run_dir(path: Path) -> bool:
@@ -114,7 +120,11 @@ def _swap(tmp: Path, out_dir: Path) -> None:
         old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
         os.rmdir(old)  # a fresh unused name for the previous run
         os.replace(path, old)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.replace(old, path)  # put the previous run back
+            raise
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)

@@ -128,7 +128,8 @@ def cell_tasks(base: RunConfig, grid: Grid, think_time: float = 0.0) -> list[Cel
     it by Poisson arrivals unless the base names another process; ``think_time`` (s) goes
     to every cell (closed-loop cells only)."""
     if "rate" in grid.axes and base.trace is not None and base.arrival is None:
-        base = dataclasses.replace(base, arrival="poisson")
+        bursty = "burstiness" in grid.axes or base.burstiness is not None
+        base = dataclasses.replace(base, arrival="gamma" if bursty else "poisson")
     if "concurrency" in grid.axes:
         base = dataclasses.replace(base, rate=None)
     return [CellTask(i, s, knobs, dataclasses.replace(base, seed=s, think_time=think_time,
@@ -208,12 +209,12 @@ def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
               think_time: float = 0.0) -> pd.DataFrame:
     """Every cell of ``grid`` on ``base``; one row per (cell, seed), in grid order.
 
-    The first cell is prepared here first, so input errors common to every cell (a
-    missing trace, an unknown model) fail at once with one ValueError or
-    FileNotFoundError instead of once per cell.
+    Every cell is checked first (check_cells), so input errors common to every cell (a
+    missing trace, an unknown model) fail at once with one ValueError instead of once
+    per cell, while a cell of its own that cannot run gives an error row.
     """
     tasks = cell_tasks(base, grid, think_time)
-    prepare(tasks[0].config)
+    check_cells(base, grid, think_time=think_time)
     rows = map_ordered(run_cell, tasks, workers=workers, backend=backend, address=address,
                        on_done=on_done)
     columns = ["cell", "seed", *grid.axes, *METRICS, "error"]
@@ -221,26 +222,37 @@ def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
 
 
 def check_cells(base: RunConfig, grid: Grid,
-                at_load: Callable[[RunConfig], RunConfig] | None = None) -> None:
-    """Before anything runs: check_router_cells, then runner.check_config on the config
-    each cell runs (as cell_tasks builds it, at its first seed; ``at_load`` gives a
-    plan's cell at the load it starts from), the workload built once per distinct load.
-    A cell that cannot run is left to run and report its error (sweep.csv's ``error``,
-    the plan's note); when no cell can, raise the first one's ValueError, prefixed with
-    its knobs when there are several cells."""
+                at_load: Callable[[RunConfig], RunConfig] | None = None,
+                think_time: float = 0.0) -> None:
+    """Before anything runs: check_router_cells (a router that needs a cache refuses a
+    prefix_cache axis holding none), then runner.check_config on the config each cell
+    runs (as cell_tasks builds it, at its first seed; ``at_load`` gives a plan's cell at
+    the load it starts from), each distinct load's workload built once. A cell that
+    cannot run is left to run and report its error (sweep.csv's ``error``, the plan's
+    note); when no cell can, raise the first one's ValueError, prefixed with its knobs
+    when there are several cells."""
     check_router_cells(base, grid)
-    seen, first = set(), None
-    tasks = cell_tasks(base, dataclasses.replace(grid, seeds=grid.seeds[:1]))
+    workloads: dict[tuple[Any, ...], str | None] = {}  # a load's workload error, if any
+    first = None
+    tasks = cell_tasks(base, dataclasses.replace(grid, seeds=grid.seeds[:1]), think_time)
     for task in tasks:
         cfg = at_load(task.config) if at_load is not None else task.config
         key = tuple(task.knobs.get(k) for k in ("rate", "concurrency", "burstiness"))
         try:
-            check_config(cfg, workload=key not in seen)
-            return  # one cell can run
+            check_config(cfg, workload=False)
+            if key not in workloads:
+                try:
+                    check_config(cfg)
+                    workloads[key] = None
+                except (ValueError, FileNotFoundError) as e:
+                    workloads[key] = str(e)
+            if workloads[key] is None:
+                return  # one cell can run
+            error = workloads[key]
         except (ValueError, FileNotFoundError) as e:
-            where = ", ".join(f"{k} {v}" for k, v in task.knobs.items())
-            first = first or (f"{where}: {e}" if len(tasks) > 1 else str(e))
-        seen.add(key)
+            error = str(e)
+        where = ", ".join(f"{k} {v}" for k, v in task.knobs.items())
+        first = first or (f"{where}: {error}" if len(tasks) > 1 else error)
     if first is not None:
         raise ValueError(first if len(tasks) == 1 else f"no cell can run; the first: {first}")
 

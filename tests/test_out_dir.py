@@ -174,3 +174,28 @@ def test_compare_and_run_keep_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "chunked", "continuous"]
     res = runner.invoke(app, [*RUN, "--compare", "chunked", "--out", "runs/latest"])
     assert res.exit_code == 1 and "is a run directory; --compare writes" in res.output
+
+
+def test_a_failed_swap_puts_the_previous_run_back(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    assert runner.invoke(app, [*RUN, "--out", str(out)]).exit_code == 0
+    before = (out / "requests.csv").read_bytes()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / ".x.tmp").mkdir()  # a user's hidden folder is not servesim's
+    res = runner.invoke(app, [*RUN, "--out", str(tmp_path / "mine")])
+    assert res.exit_code == 1 and "not a servesim run directory" in res.output
+    real_replace = os.replace
+    calls = []
+
+    def flaky(src: object, dst: object) -> None:  # the new run fails to move in
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", flaky)
+    res = runner.invoke(app, [*RUN, "--seed", "5", "--out", str(out)])
+    assert res.exit_code == 1 and "No space left" in res.output
+    assert (out / "requests.csv").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "run"]

@@ -67,12 +67,31 @@ def test_cli_sweep_runs_past_a_cell_that_cannot_run_and_retimes_traces(
     trace.write_text("arrival_time,num_prompt_tokens,output_len\n"
                      + "".join(f"{i * 0.5},{100 + i},{5 + i % 3}\n" for i in range(20)))
     res = runner.invoke(app, ["sweep", "--trace", str(trace), "--rate", "2,4",
-                              "--gpu-memory-utilization", "0.9,0.01", "--step-time", "0.01",
+                              "--gpu-memory-utilization", "0.01,0.9", "--step-time", "0.01",
                               "--workers", "1", "--out", str(tmp_path / "sw")])
     assert res.exit_code == 0, res.output
     df = pd.read_csv(tmp_path / "sw" / "sweep.csv", keep_default_na=False)
-    assert list(df["error"] == "") == [True, True, False, False]
-    assert df["error"].iloc[2].startswith("gpu_memory_utilization 0.01 leaves no room")
+    assert list(df["error"] == "") == [False, False, True, True]  # the first cells fail
+    assert df["error"].iloc[0].startswith("gpu_memory_utilization 0.01 leaves no room")
+    # A burstiness axis beside the rate axis re-times the trace by gamma arrivals.
+    res = runner.invoke(app, ["sweep", "--trace", str(trace), "--rate", "2,4",
+                              "--burstiness", "0.5,2", "--step-time", "0.01", "--workers",
+                              "1", "--out", str(tmp_path / "gamma")])
+    assert res.exit_code == 0, res.output
+    assert (pd.read_csv(tmp_path / "gamma" / "sweep.csv")["error"].isna()).all()
+
+
+@pytest.mark.parametrize("command", ["sweep", "plan"])
+def test_a_workload_error_common_to_every_cell_is_one_line(command: str,
+                                                          tmp_path: Path) -> None:
+    # Every cell shares the missing trace: refused before any run, whatever the cells.
+    res = runner.invoke(app, [command, "--trace", str(tmp_path / "nope.jsonl"), "--policy",
+                              "chunked,continuous", "--num-requests", "20", "--step-time",
+                              "0.01", "--slo-ttft", "1", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1
+    assert "no cell can run; the first: policy chunked: trace file not found" in (
+        " ".join(res.output.split()))
+    assert not (tmp_path / "o").exists()
 
 
 def test_cli_sweep_writes_csv_and_offline_html_and_reruns_identically(tmp_path: Path) -> None:
