@@ -31,7 +31,8 @@ def check_run_dir(out_dir: Path, option: str = "out") -> Path:
     after checking that replacing it loses nothing. Raises ValueError naming ``option``
     when it is a file, the current directory or one holding it, or a non-empty directory
     other than a previous run directory: one holding servesim's config.json and only the
-    files of RUN_DIR_FILES (and, ignored, .DS_Store or a servesim temporary .*.tmp)."""
+    files of RUN_DIR_FILES (ignoring .DS_Store and servesim's own stale .report.html.tmp
+    and the like)."""
     try:
         path = Path(out_dir).resolve()
     except RuntimeError as e:  # a symlink loop
