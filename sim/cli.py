@@ -314,7 +314,27 @@ _register_calibrate()
 
 
 def main() -> None:
-    app()
+    """The ``servesim`` console script: the app, with a usage error (a value of the wrong
+    type, an unknown option or command: click's exit code 2 and a boxed message) as one
+    line and exit 1, like every other bad input. typer keeps click's exception classes
+    private, so they are recognised by name."""
+    try:
+        code = app(standalone_mode=False)
+    except Exception as e:  # re-raised below unless it is a usage error
+        names = {c.__name__ for c in type(e).__mro__}
+        if "NoArgsIsHelpError" in names:  # `servesim` alone: the help, as before
+            ctx = getattr(e, "ctx", None)
+            print(ctx.get_help() if ctx is not None else e)
+            sys.exit(0)
+        if "UsageError" not in names and "Abort" not in names:
+            raise
+        ctx = getattr(e, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        text = e.format_message() if hasattr(e, "format_message") else "aborted"
+        fail_line = f"error: {where}{text}".replace("\n", " ")
+        err_console.print(fail_line, markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

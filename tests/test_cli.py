@@ -174,3 +174,20 @@ def test_python_m_sim_cli_has_every_command() -> None:
                          text=True, check=True, env={**os.environ, "COLUMNS": "100"}).stdout
     for command in ("run", "report", "sweep", "plan", "diagram", "validate", "calibrate"):
         assert f" {command} " in out, command
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["run", "--max-num-seqs", "abc"], "Invalid value for '--max-num-seqs': 'abc'"),
+    (["run", "--bogus"], "No such option: --bogus"),
+    (["nope"], "No such command 'nope'"),
+])
+def test_usage_errors_are_one_line_exit_1(args: list[str], needle: str) -> None:
+    # click's own usage errors (exit 2, a boxed message) follow the house rule too.
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True,
+                         text=True)
+    assert res.returncode == 1
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and res.stdout == "", res.stderr
