@@ -127,8 +127,12 @@ def run_compare(
 
 
 def _pair(st: dict[str, float | None], scale: float, digits: int) -> str:
-    return "/".join("-" if st[k] is None else f"{st[k] * scale:,.{digits}f}"  # type: ignore[operator]
-                    for k in ("p50", "p99"))
+    """p50/p99 of ``st`` times ``scale``, with ``digits`` decimals, none from 1,000 on
+    (so a saturated run's latencies in the thousands fit the column)."""
+    vals = [None if st[k] is None else st[k] * scale for k in ("p50", "p99")]  # type: ignore[operator]
+    if any(v is not None and abs(v) >= 1000 for v in vals):
+        digits = 0
+    return "/".join("-" if v is None else f"{v:,.{digits}f}" for v in vals)
 
 
 def _hit_rate(summary: dict[str, Any]) -> str:

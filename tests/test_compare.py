@@ -88,3 +88,12 @@ def test_saturated_cells_are_named_in_the_caption() -> None:
     assert "percentiles are not steady-state): chunked" in text
     assert "continuous" not in text[text.index("steady-state"):]
     assert "saturated" not in render([False, False])
+
+
+def test_latency_pairs_drop_decimals_from_a_thousand() -> None:
+    from sim.compare import _pair
+
+    assert _pair({"p50": 19.46, "p99": 62.44}, 1, 1) == "19.5/62.4"
+    assert _pair({"p50": 570.6, "p99": 1275.1}, 1, 1) == "571/1,275"
+    assert _pair({"p50": 0.0881, "p99": 1.478}, 1000, 0) == "88/1,478"
+    assert _pair({"p50": None, "p99": 2300.3}, 1, 1) == "-/2,300"
