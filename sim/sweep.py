@@ -115,26 +115,36 @@ class Grid:
 
 @dataclass(frozen=True)
 class CellTask:
-    """One simulation: a cell of the grid under one seed."""
+    """One simulation: a cell of the grid under one seed. ``error``: why its config could
+    not even be built (``config`` is then the base's), for an error row."""
 
     cell: int
     seed: int
     knobs: dict[str, Any]
     config: RunConfig
+    error: str = ""
 
 
 def cell_tasks(base: RunConfig, grid: Grid, think_time: float = 0.0) -> list[CellTask]:
     """Every (cell, seed) in grid order, seeds innermost. A rate axis over a trace re-times
     it by Poisson arrivals unless the base names another process; ``think_time`` (s) goes
-    to every cell (closed-loop cells only)."""
+    to every cell (closed-loop cells only). A cell whose knobs make no valid config
+    (concurrency 0) carries the error instead."""
     if "rate" in grid.axes and base.trace is not None and base.arrival is None:
         bursty = "burstiness" in grid.axes or base.burstiness is not None
         base = dataclasses.replace(base, arrival="gamma" if bursty else "poisson")
     if "concurrency" in grid.axes:
         base = dataclasses.replace(base, rate=None)
-    return [CellTask(i, s, knobs, dataclasses.replace(base, seed=s, think_time=think_time,
-                                                      **knobs))
-            for i, knobs in enumerate(grid.cells()) for s in grid.seeds]
+    tasks = []
+    for i, knobs in enumerate(grid.cells()):
+        for s in grid.seeds:
+            try:
+                cfg, error = dataclasses.replace(base, seed=s, think_time=think_time,
+                                                 **knobs), ""
+            except ValueError as e:
+                cfg, error = base, str(e)
+            tasks.append(CellTask(i, s, knobs, cfg, error))
+    return tasks
 
 
 def metrics_row(summary: dict[str, Any], requests: pd.DataFrame, cfg: RunConfig,
@@ -195,6 +205,8 @@ def run_cell(task: CellTask) -> dict[str, Any]:
     its error and no metrics rather than stopping the sweep."""
     head: dict[str, Any] = {"cell": task.cell, "seed": task.seed, **task.knobs}
     try:
+        if task.error:
+            raise ValueError(task.error)
         prep = prepare(task.config)
         result = simulate_prepared(prep)
     except (ValueError, FileNotFoundError, SchedulerStuck) as e:
@@ -236,9 +248,11 @@ def check_cells(base: RunConfig, grid: Grid,
     first = None
     tasks = cell_tasks(base, dataclasses.replace(grid, seeds=grid.seeds[:1]), think_time)
     for task in tasks:
-        cfg = at_load(task.config) if at_load is not None else task.config
         key = tuple(task.knobs.get(k) for k in ("rate", "concurrency", "burstiness"))
         try:
+            if task.error:
+                raise ValueError(task.error)
+            cfg = at_load(task.config) if at_load is not None else task.config
             check_config(cfg, workload=False)
             if key not in workloads:
                 try:

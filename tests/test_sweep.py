@@ -171,3 +171,14 @@ def test_cli_sweep_prefix_cache_axis(tmp_path: Path) -> None:
                                                   step_time=0.02, prefix_cache=mode)))
         hit = run.summary["prefix_cache"]["hit_rate_tokens"]
         assert hit > 0 and df["prefix_hit_rate"][i] == pytest.approx(hit, rel=1e-12)
+
+
+def test_a_cell_whose_knobs_make_no_config_is_an_error_row(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["sweep", "--concurrency", "0,2", "--num-requests", "10",
+                              "--step-time", "0.01", "--workers", "1",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "sweep.csv", keep_default_na=False)
+    assert list(df["concurrency"]) == [0, 2]
+    assert df["error"].iloc[0] == "concurrency must be an integer >= 1, got 0"
+    assert df["error"].iloc[1] == "" and df["throughput_rps"].iloc[1] > 0
