@@ -181,4 +181,4 @@ def test_a_cell_whose_knobs_make_no_config_is_an_error_row(tmp_path: Path) -> No
     df = pd.read_csv(tmp_path / "sweep.csv", keep_default_na=False)
     assert list(df["concurrency"]) == [0, 2]
     assert df["error"].iloc[0] == "concurrency must be an integer >= 1, got 0"
-    assert df["error"].iloc[1] == "" and df["throughput_rps"].iloc[1] > 0
+    assert df["error"].iloc[1] == "" and float(df["throughput_rps"].iloc[1]) > 0
