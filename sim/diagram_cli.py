@@ -20,6 +20,7 @@ from sim.diagram import (
     render_text,
     side_by_side,
 )
+from sim.out_dir import check_files, write_files
 
 if TYPE_CHECKING:
     from sim.runner import RunConfig
@@ -67,8 +68,8 @@ def saved_config(run_dir: Path) -> RunConfig:
     type for its field, or RunConfig refuses a value.
     """
     import dataclasses
-    import json
 
+    from sim.run_dir import read_json
     from sim.runner import RunConfig
 
     if run_dir.exists() and not run_dir.is_dir():
@@ -76,13 +77,7 @@ def saved_config(run_dir: Path) -> RunConfig:
     path = run_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: not a servesim run directory")
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{path} is not valid JSON ({type(e).__name__}: "
-                         f"{str(e)[:200]})") from e
-    if not isinstance(saved, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(saved).__name__}")
+    saved = read_json(run_dir, "config.json")
     fields = {f.name: str(f.type) for f in dataclasses.fields(RunConfig)}
     kept = {k: v for k, v in saved.items() if k in fields}
     for key, value in kept.items():
@@ -111,19 +106,6 @@ def policy_names(policies: str | None, default: str) -> list[str]:
     return names
 
 
-def check_out_file(path: Path | None, option: str) -> None:
-    """Refuse, before any work, an output file that cannot be written: a directory, or
-    one whose folder is missing or not a directory. Raises ValueError naming ``option``."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise ValueError(f"{option}: {path} is a directory; give a file name")
-    parent = path.parent
-    if not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise ValueError(f"{option}: cannot write {path}: its folder {parent} {what}")
-
-
 def diagram_cli(
     *, run_dir: Path | None, scenario: str | None, trace: str | None, policies: str | None,
     max_steps: int, max_slots: int, first_step: int = 1, idle_letters: bool,
@@ -147,8 +129,9 @@ def diagram_cli(
         reason = kaleido_missing()
         if reason:
             raise ValueError(reason)
-    check_out_file(html_out, "--html")
-    check_out_file(png_out, "--png")
+    for path, option in ((html_out, "--html"), (png_out, "--png")):
+        if path is not None:  # before any work (sim/out_dir.py)
+            check_files(Path(path).parent, [Path(path).name], option)
     cfg = base_config(run_dir, scenario, trace, overrides)
     default = policies is None and scenario == "teaching"
     names = policy_names(policies, TEACHING_POLICIES if default else cfg.policy)
@@ -171,7 +154,8 @@ def diagram_cli(
         echo(line)
     _echo_notes(grids, echo)
     if html_out is not None:
-        _write_html(Path(html_out), render_html(grids, idle_letters=idle_letters))
+        page = render_html(grids, idle_letters=idle_letters)
+        write_files(Path(html_out).parent, {Path(html_out).name: lambda: page}, "--html")
         echo(f"wrote {html_out}")
     if png_out is not None:
         from sim.report import write_pngs
@@ -179,14 +163,6 @@ def diagram_cli(
         paths = write_pngs([figure(g) for g in grids], Path(png_out))
         echo("wrote " + ", ".join(str(p) for p in paths))
     return grids
-
-
-def _write_html(path: Path, text: str) -> None:
-    """Write the page; ValueError naming --html when the file system refuses it."""
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"--html: cannot write {path} ({e.strerror or e})") from e
 
 
 def _echo_notes(grids: list[SlotGrid], echo: Callable[[str], None]) -> None:

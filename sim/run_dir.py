@@ -57,20 +57,20 @@ def load_run(path: Path, name: str | None = None) -> RunData:
     for f in RUN_FILES:
         if not (path / f).is_file():
             raise FileNotFoundError(f"{path / f} not found: not a servesim run directory")
-    config = _read_json(path, "config.json")
+    config = read_json(path, "config.json")
     resolved = config.get("resolved")
     if resolved is not None and not isinstance(resolved, dict):
         raise ValueError(f"run directory {path}: config.json: 'resolved' must be an object, "
                          f"got {type(resolved).__name__}")
-    summary = _read_json(path, "summary.json")
+    summary = read_json(path, "summary.json")
     _check_summary(path, summary)
     requests = _read_csv(path, "requests.csv", REQUEST_COLUMNS)
     steps = _read_csv(path, "steps.csv", STEP_COLUMNS, optional=("num_steps",))
     return RunData(name or path.name, path, config, summary, requests, steps)
 
 
-def _read_json(run: Path, file: str) -> dict[str, Any]:
-    """``run/file`` parsed; ValueError unless it is a JSON object."""
+def read_json(run: Path, file: str) -> dict[str, Any]:
+    """``run/file`` parsed; ValueError naming both unless it is a JSON object."""
     try:
         data = json.loads((run / file).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:

@@ -179,25 +179,35 @@ def prepare(cfg: RunConfig) -> Prepared:
     Raises ValueError (one line naming the field) or FileNotFoundError on bad input.
     """
     cfg, sched, num_blocks, plan, cost, label = _engine(cfg)
-    workload = build_workload(
+    return Prepared(cfg, sched, _workload(cfg), cost, num_blocks, plan, label)
+
+
+def check_config(cfg: RunConfig, workload: bool = True) -> RunConfig:
+    """Raise what ``prepare(cfg)`` would raise on its engine side (model, GPU, policy, KV
+    plan, scheduler, cost model), without simulating anything; then, when ``workload``,
+    check_workload. Returns the config as prepare resolves it (a profile's model). For
+    sweep and plan, which check every cell before the first run."""
+    cfg = _engine(cfg)[0]
+    if workload:
+        check_workload(cfg)
+    return cfg
+
+
+def check_workload(cfg: RunConfig) -> None:
+    """Raise what building ``cfg``'s workload would raise (built with at most 8
+    requests; a trace is still read whole)."""
+    n = cfg.num_requests
+    _workload(dataclasses.replace(cfg, num_requests=8 if n is None else min(n, 8)))
+
+
+def _workload(cfg: RunConfig) -> Workload:
+    return build_workload(
         trace=Path(cfg.trace) if cfg.trace else None, trace_format=cfg.trace_format,
         scenario=cfg.scenario, arrival=cfg.arrival, rate=cfg.rate,
         burstiness=cfg.burstiness, num_requests=cfg.num_requests, window_s=cfg.window,
         time_scale=cfg.time_scale, max_tokens=cfg.max_tokens, seed=cfg.seed,
         trace_sample=cfg.trace_sample,
     )
-    return Prepared(cfg, sched, workload, cost, num_blocks, plan, label)
-
-
-def check_config(cfg: RunConfig, workload: bool = True) -> None:
-    """Raise what ``prepare(cfg)`` would raise, without simulating anything: the engine
-    side (model, GPU, policy, KV plan, scheduler, cost model) always, the workload when
-    ``workload`` (built with at most 8 requests: a trace is still read whole). For
-    sweep and plan, which check every cell before the first run."""
-    _engine(cfg)
-    if workload:
-        n = cfg.num_requests
-        prepare(dataclasses.replace(cfg, num_requests=8 if n is None else min(n, 8)))
 
 
 def _engine(cfg: RunConfig) -> tuple[RunConfig, SchedulerConfig, int, KVCachePlan,

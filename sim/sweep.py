@@ -26,7 +26,14 @@ from sim.config import PREFIX_CACHE_MODES
 from sim.engine import SchedulerStuck
 from sim.latency_stats import meets_slos
 from sim.out_dir import write_files
-from sim.runner import RunConfig, check_config, check_router, prepare, simulate_prepared
+from sim.runner import (
+    RunConfig,
+    check_config,
+    check_router,
+    check_workload,
+    prepare,
+    simulate_prepared,
+)
 
 
 def prefix_cache_mode(text: str) -> str:
@@ -253,10 +260,10 @@ def check_cells(base: RunConfig, grid: Grid,
             if task.error:
                 raise ValueError(task.error)
             cfg = at_load(task.config) if at_load is not None else task.config
-            check_config(cfg, workload=False)
+            cfg = check_config(cfg, workload=False)
             if key not in workloads:
                 try:
-                    check_config(cfg)
+                    check_workload(cfg)
                     workloads[key] = None
                 except (ValueError, FileNotFoundError) as e:
                     workloads[key] = str(e)
