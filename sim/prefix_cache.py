@@ -244,8 +244,9 @@ class PrefixCachingKV(KVCacheManager):
         """Admission: ``req`` holds ``hit`` (the last lookup's, or a copy)."""
         req.block_ids = list(hit)
         h = self._hit_array(hit)
-        # Room for every prompt block and some output: seldom grown.
-        buf = np.empty(max(64, req.num_prompt_tokens // self.block_size + 64), np.int64)
+        # Room for every known token's block (a re-admission's hit may cover generated
+        # ones) and some output: seldom grown.
+        buf = np.empty(req.num_tokens // self.block_size + 64, np.int64)
         buf[:len(h)] = h
         self._arrays[req] = [buf, len(h)]
 

@@ -53,3 +53,32 @@ def test_prompt_segments_validated_and_saved(tmp_path) -> None:  # type: ignore[
     w = scenario("system-prompts", 20)
     save_trace(w, tmp_path / "w.csv")
     assert load_trace(tmp_path / "w.csv") == w
+
+
+@pytest.mark.parametrize("mode", ["block", "radix"])
+def test_a_readmission_hit_longer_than_the_prompt_is_held(mode: str) -> None:
+    # block_size 1, a 1-token prompt that generated 80 tokens and was preempted: its
+    # re-admission finds its 80 computed blocks (the 81st token is always recomputed):
+    # 80 blocks, more than the prompt's 1 + 64 a request's block array first had room
+    # for (a cluster fuzz case found it).
+    from sim.prefix_cache import make_kv
+    from sim.request import Request
+
+    kv = make_kv(mode, 200, 1)
+    req = Request("r", 0.0, 1, 100, 100, 0, 0)
+    req.prompt_segments = ((7, 1),)
+    assert kv.allocate_cached(req, kv.get_computed_blocks(req), 1)
+    req.num_computed_tokens = 1
+    for _ in range(80):  # decode: one block a token
+        req.num_output_tokens += 1
+        assert kv.allocate_up_to(req, req.num_output_tokens + 1) is not None
+        req.num_computed_tokens += 1
+    held = list(req.block_ids)
+    kv.free(req)  # preempted
+    req.num_preemptions, req.num_computed_tokens = 1, 0
+    hit = kv.get_computed_blocks(req)
+    assert hit == held[:80]
+    assert kv.allocate_cached(req, hit, req.num_tokens)
+    assert req.block_ids[:80] == held[:80] and req.num_computed_tokens == 80
+    kv.free(req)
+    kv.check_invariants()
