@@ -30,7 +30,7 @@ TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 CHILD = """
 import dataclasses, gc, sys
 sys.path.insert(0, {root!r})
-from sim.runner import RunConfig, prepare, simulate_prepared
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 base = prepare(RunConfig(trace={trace!r}, num_requests={n}))
 cfg = dataclasses.replace(base.config, prefix_cache={mode!r})
 prep = dataclasses.replace(base, config=cfg,

@@ -30,8 +30,9 @@ from calibration.grid import GridConfig, GridPoint
 from calibration.measure import measure
 from calibration.profile import ProfileCostModel, load_profile
 from calibration.specs import ModelSpec
-from sim.runner import prepare, simulate_prepared
-from sim.validate import (
+from sim.app.reports.validation_page import write_validation
+from sim.app.runs.runner import prepare, simulate_prepared
+from sim.app.runs.validate import (
     error_table,
     prepare_validation,
     profile_threads,
@@ -41,7 +42,6 @@ from sim.validate import (
     step_error_line,
     validation_config,
 )
-from sim.validate_report import write_validation
 
 SWEEP_RATES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 TARGETS = (("throughput (req/s)", 0.05), ("E2E p50 (s)", 0.10), ("E2E p99 (s)", 0.10))

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.runner import RunConfig, prepare, simulate_prepared  # noqa: E402
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 TARGET = 2.0  # issue 9: a cache's time at most this many times none's

@@ -29,7 +29,7 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 def replay(trace: Path, extra: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "sim.cli", "run", "--trace", str(trace), "--out", tmp,
+        cmd = [sys.executable, "-m", "sim.app.cli", "run", "--trace", str(trace), "--out", tmp,
                *extra]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

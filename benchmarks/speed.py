@@ -44,7 +44,7 @@ SCENARIOS: dict[str, tuple[list[str], str]] = {
 
 def run_one(args: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        code = ("import resource, sys; from sim.cli import app; "
+        code = ("import resource, sys; from sim.app.cli.main import app; "
                 "sys.argv = ['servesim', 'run', *sys.argv[1:]]\n"
                 "try:\n    app()\nexcept SystemExit as e:\n    rc = e.code\n"
                 "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "

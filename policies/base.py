@@ -21,8 +21,8 @@ from sim.batch import BatchPlan, BatchShape, SteadyDecode
 from sim.config import SchedulerConfig
 from sim.decode_group import DecodeGroup
 from sim.engine import Scheduler
-from sim.kv_cache import KVCacheManager
-from sim.prefix_cache import PrefixCachingKV
+from sim.kv.block_pool import KVCacheManager
+from sim.kv.prefix_cache import PrefixCachingKV
 from sim.request import Request, RequestStatus
 
 #: ``prefix_hit``'s answer when admission certainly fails for lack of blocks (an empty
@@ -125,7 +125,7 @@ class QueuePolicy:
             return True  # the held blocks suffice (most decode steps): the hot path
         return self.kv.allocate_up_to(req, self.target_tokens(req, num_new_tokens)) is not None
 
-    # -- prefix caching (sim/prefix_cache.py) --
+    # -- prefix caching (sim/kv/prefix_cache.py) --
     def prefix_hit(self, req: Request, whole: bool = False, reserve: int = 0
                    ) -> list[int] | None:
         """The cached blocks a waiting request would reuse ([] for none), or None when

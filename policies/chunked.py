@@ -39,7 +39,7 @@ class ChunkedPolicy(QueuePolicy):
     def attach_decode_group(self, group: DecodeGroup) -> None:
         """Opt in to lazy decodes (sim/decode_group.py). A prefix cache does not stand
         in the way: it indexes decode blocks only when a request releases them
-        (sim/prefix_cache.py), after the group has brought the request up to date; nor
+        (sim/kv/prefix_cache.py), after the group has brought the request up to date; nor
         does the priority queue, whose victims may be members (allocate_preempting)."""
         self.decode_group = group
 

@@ -15,7 +15,7 @@ from policies.chunked import ChunkedPolicy
 from policies.continuous import ContinuousPolicy
 from policies.static import StaticPolicy
 from sim.config import SchedulerConfig
-from sim.kv_cache import KVCacheManager
+from sim.kv.block_pool import KVCacheManager
 
 POLICIES: dict[str, type] = {
     ChunkedPolicy.name: ChunkedPolicy,

@@ -1,6 +1,6 @@
 """Shared-prefix workloads (issue 9): generators that give prompts a content, as the
 (segment id, tokens) pairs a prefix cache reads (``Workload.prompt_segments``; see
-sim/prefix_content.py), without materializing any token.
+sim/kv/prefix_content.py), without materializing any token.
 
 - ``SharedPrefixes``: K system prompts of given lengths, picked per request with Zipf
   popularity (probability of the i-th most popular proportional to 1 / i^s), each
@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from scenarios.workload import Workload
-from sim.prefix_content import answer_segment_id, unique_segment_id
+from sim.kv.prefix_content import answer_segment_id, unique_segment_id
 
 #: Segment ids of synthetic system prompts: SYSTEM_PROMPT_ID + k for the k-th prompt.
 SYSTEM_PROMPT_ID = 1 << 40

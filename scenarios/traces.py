@@ -4,7 +4,7 @@ Owns the file formats (see ``/work/shared/traces/README.md``), detected from the
 
 - ``servesim``: CSV with ``arrival_time`` (s), ``num_prompt_tokens``, ``output_len`` and
   optional ``max_tokens``, ``priority``, ``request_id``, ``hash_ids`` (space-separated ints),
-  ``prompt_segments`` (space-separated ``id:tokens`` pairs; see sim/prefix_content.py).
+  ``prompt_segments`` (space-separated ``id:tokens`` pairs; see sim/kv/prefix_content.py).
   Arrival times are kept as written.
 - ``azure``: Azure LLM inference trace 2023 (Splitwise), CSV ``TIMESTAMP`` (``YYYY-MM-DD
   HH:MM:SS.fffffff``, wall clock), ``ContextTokens``, ``GeneratedTokens``; CRLF. Arrival =

@@ -52,7 +52,7 @@ class Workload:
     - ``hash_ids``: optional Mooncake prefix-block hashes (512 tokens per block) per request.
     - ``prompt_segments``: optional prompt content per request as (segment id, tokens)
       pairs summing to its num_prompt_tokens (synthetic shared prefixes and sessions; see
-      sim/prefix_content.py); a prefix cache reads these, or else ``hash_ids``.
+      sim/kv/prefix_content.py); a prefix cache reads these, or else ``hash_ids``.
     - ``source``: human description of where the workload came from.
 
     Arrays are copied and made read-only at construction. Use ``Workload.from_arrays`` to

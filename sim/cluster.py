@@ -55,11 +55,12 @@ import simpy
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook, Scheduler
-from sim.kv_cache import KVCacheManager
+from sim.kv.block_pool import KVCacheManager
+from sim.kv.factory import make_kv
+from sim.kv.prefix_cache import PrefixCachingKV, cache_summary
+from sim.kv.prefix_content import Segments, unique_segment_id
 from sim.latency_stats import ItlSamples
 from sim.metrics import Recorder, summarize
-from sim.prefix_cache import PrefixCachingKV, cache_summary, make_kv
-from sim.prefix_content import Segments, unique_segment_id
 from sim.request import Request
 from sim.router_tree import ApproxPrefixTree, prompt_path
 from sim.simulate import SimResult, progress_slices

@@ -31,7 +31,7 @@ class SchedulerConfig:
     swap_space_bytes: CPU swap space for swapped-out blocks (vLLM V0's swap_space, 4 GiB).
     pcie_bandwidth_bytes_per_s: host <-> GPU copy rate that prices swap transfers.
     prefix_cache: "none", "block" (vLLM's block-hash cache) or "radix" (SGLang's radix
-      tree); see sim/prefix_cache.py. Needs kv_allocation "paged"; queue "lpm" needs it.
+      tree); see sim/kv/prefix_cache.py. Needs kv_allocation "paged"; queue "lpm" needs it.
     """
 
     max_num_seqs: int = 256

@@ -23,7 +23,7 @@ from bisect import insort
 from heapq import heappop, heappush
 from itertools import chain
 
-from sim.kv_cache import KVCacheManager
+from sim.kv.block_pool import KVCacheManager
 from sim.request import Request
 
 

@@ -30,7 +30,7 @@ from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.decode_group import DecodeGroup
 from sim.fastpath import MAX_RUN_STEPS, remaining_steps, safe_steps, step_times
-from sim.kv_cache import KVCacheManager
+from sim.kv.block_pool import KVCacheManager
 from sim.metrics import Recorder
 from sim.request import Request, RequestStatus
 from sim.source import ArrivalSource

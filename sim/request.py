@@ -59,17 +59,17 @@ class Request:
     num_swapped_blocks: int = 0
     # Preemptions by swap (each also counts in num_preemptions).
     num_swaps: int = 0
-    # Prefix caching (issue 9; sim/prefix_content.py). What the prompt says, without its
+    # Prefix caching (issue 9; sim/kv/prefix_content.py). What the prompt says, without its
     # tokens: (segment id, tokens) pairs summing to num_prompt_tokens; None = content
     # unknown (the prompt is shared with no other request).
     prompt_segments: tuple[tuple[int, int], ...] | None = None
     # Its blocks grouped by the segment they end in, as segment chain hash, first
     # block, end block, flat (three ints a segment): computed lazily by a prefix cache
-    # (sim/prefix_content.py).
+    # (sim/kv/prefix_content.py).
     prefix_spans: list[int] | None = None
     # Or its blocks' slots fixed for the whole workload before the run, as runs (first
     # positions, lengths) of the prefix index's arena, and the workload's number of
-    # slots (sim/prefix_slots.py).
+    # slots (sim/kv/prefix_slots.py).
     prefix_slots: tuple[list[int], list[int], int] | None = None
     # Prompt tokens found in the prefix cache at the first admission (vLLM's name).
     num_cached_tokens: int = 0

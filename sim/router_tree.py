@@ -11,7 +11,7 @@ request then goes there; every ``eviction_interval_secs`` (default 120 s) each w
 whose nodes hold more than ``max_tree_size`` characters (default 2**26) loses its least
 recently used leaves until it fits.
 
-Here a node is one segment of a prompt (sim/prefix_content.py: a Mooncake hash block, a
+Here a node is one segment of a prompt (sim/kv/prefix_content.py: a Mooncake hash block, a
 system prompt, a conversation turn), keyed by the whole prefix through it, so a tenant's
 nodes are closed under prefixes as SGLang's are. Sizes are in tokens: ``max_tree_size``
 characters are taken as ``MAX_TREE_SIZE_TOKENS`` at ``CHARS_PER_TOKEN`` characters a token

@@ -15,9 +15,10 @@ import simpy
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook, Scheduler, StepExecutor, StepObserver
+from sim.kv.factory import make_kv
+from sim.kv.prefix_cache import cache_summary
 from sim.latency_stats import ItlSamples
 from sim.metrics import Recorder, summarize
-from sim.prefix_cache import cache_summary, make_kv
 from sim.source import ArrivalSource
 from sim.table import to_frame
 

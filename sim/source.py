@@ -13,7 +13,7 @@ import numpy as np
 
 from sim.request import Request
 
-#: Gives a request its prompt's content for prefix caching (see sim/prefix_content.py), from
+#: Gives a request its prompt's content for prefix caching (see sim/kv/prefix_content.py), from
 #: its workload row ``req.index``: sets ``prompt_segments`` or ``prefix_slots``. Called
 #: once per request, at arrival.
 ContentFn = Callable[[Request], None]

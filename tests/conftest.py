@@ -58,7 +58,7 @@ def cache_op(kv: object, r: Request, extra: int, free: bool, block_size: int) ->
     """One random operation on a prefix-caching pool (hypothesis tests of both caches):
     release ``r`` when ``free`` or when it is complete, admit it through the cache when it
     holds nothing (its hit plus up to ``extra`` tokens), else grow it by up to ``extra``
-    tokens. ``kv`` is a sim.prefix_cache.PrefixCachingKV."""
+    tokens. ``kv`` is a sim.kv.prefix_cache.PrefixCachingKV."""
     if r.block_ids and (free or r.num_computed_tokens >= r.num_tokens):
         kv.free(r)  # type: ignore[attr-defined]
         r.num_computed_tokens = 0

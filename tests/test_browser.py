@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.report import write_report
-from sim.runner import RunConfig, prepare, simulate_prepared, write_run
+from sim.app.cli.main import app
+from sim.app.reports.report import write_report
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared, write_run
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 CHROMIUM = next((p for p in (shutil.which(n) for n in (
@@ -108,10 +108,10 @@ def test_teaching_diagram_renders(tmp_path: Path) -> None:
 
 
 def test_validation_page_renders(tmp_path: Path) -> None:
-    """validation.html of a tiny real run (sim/validate_report.py): three figures."""
+    """validation.html of a tiny real run (sim/app/reports/validation_page.py): three figures."""
     pytest.importorskip("torch")
-    from sim.validate import run_validation, validation_dict
-    from sim.validate_report import validation_page
+    from sim.app.reports.validation_page import validation_page
+    from sim.app.runs.validate import run_validation, validation_dict
     from tests.test_validate import TINY_REAL
 
     prep = prepare(RunConfig(scenario="teaching", step_time=0.01, max_num_seqs=4,

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.app.cli.main import app
 from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 from tests.conftest import shared_path
 
@@ -170,7 +170,7 @@ def test_python_m_sim_cli_has_every_command() -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "sim.cli", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "sim.app.cli", "--help"], capture_output=True,
                          text=True, check=True, env={**os.environ, "COLUMNS": "100"}).stdout
     for command in ("run", "report", "sweep", "plan", "diagram", "validate", "calibrate"):
         assert f" {command} " in out, command
@@ -186,7 +186,7 @@ def test_usage_errors_are_one_line_exit_1(args: list[str], needle: str) -> None:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "sim.app.cli", *args], capture_output=True,
                          text=True)
     assert res.returncode == 1
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.app.cli.main import app
 from sim.source import ClosedLoopArrivals
 from tests.conftest import make_requests
 

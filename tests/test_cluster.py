@@ -15,17 +15,18 @@ import pytest
 import simpy
 from typer.testing import CliRunner
 
-import sim.workload_content as workload_content
+import sim.app.runs.prompt_content as workload_content
 from policies.chunked import ChunkedPolicy
-from sim.cli import app
+from sim.app.cli.main import app
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.cluster import ROUTERS, Replica, Router, simulate_cluster
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
+from sim.kv.factory import make_kv
+from sim.kv.prefix_cache import PrefixCachingKV
+from sim.kv.prefix_slots import PrefixSlotTable
 from sim.metrics import Recorder
-from sim.prefix_cache import PrefixCachingKV, make_kv
-from sim.prefix_slots import PrefixSlotTable
 from sim.request import Request
-from sim.runner import RunConfig, prepare, simulate_prepared
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
 from tests.conftest import make_requests

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.compare import parse_cells
+from sim.app.cli.main import app
+from sim.app.runs.compare import parse_cells
 
 
 def test_parse_cells() -> None:
@@ -72,8 +72,8 @@ def test_compare_bad_cell_is_one_line(tmp_path: Path) -> None:
 def test_saturated_cells_are_named_in_the_caption() -> None:
     from rich.console import Console
 
-    from sim.compare import compare_table
-    from sim.runner import RunConfig, prepare, simulate_prepared
+    from sim.app.runs.compare import compare_table
+    from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 
     summary = simulate_prepared(prepare(RunConfig(num_requests=40, step_time=0.01))).summary
     cells = parse_cells("chunked,continuous")
@@ -91,7 +91,7 @@ def test_saturated_cells_are_named_in_the_caption() -> None:
 
 
 def test_latency_pairs_drop_decimals_from_a_thousand() -> None:
-    from sim.compare import _pair
+    from sim.app.runs.compare import _pair
 
     assert _pair({"p50": 19.46, "p99": 62.44}, 1, 1) == "19.5/62.4"
     assert _pair({"p50": 570.6, "p99": 1275.1}, 1, 1) == "571/1,275"

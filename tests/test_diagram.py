@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from policies.registry import POLICIES
+from sim.app.cli.main import app
+from sim.app.reports.diagram import SlotRecorder, diagram_for_config, label_for, render_text
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.batch import BatchPlan
-from sim.cli import app
-from sim.diagram import SlotRecorder, diagram_for_config, label_for, render_text
-from sim.runner import RunConfig, prepare, simulate_prepared
 from tests.conftest import make_requests
 
 runner = CliRunner()

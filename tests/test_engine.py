@@ -191,7 +191,7 @@ def test_packed_arrivals_are_reported_in_few_slices_with_the_same_records() -> N
     # 30 arrivals within 30 us, then seconds of work: the progress callback runs a few
     # hundred times (it ran once per 0.3 us slice before), and slicing changes nothing.
     from policies.registry import get_policy_class
-    from sim.runner import RunConfig, arrival_source, prepare, simulate_prepared
+    from sim.app.runs.runner import RunConfig, arrival_source, prepare, simulate_prepared
     from sim.simulate import simulate
 
     prep = prepare(RunConfig(num_requests=30, rate=1e6))

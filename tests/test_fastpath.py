@@ -166,7 +166,7 @@ def test_fast_path_with_prefix_caching(scenario: str, cache: str, policy: str,
                                        blocks: int) -> None:
     """Decode groups and steady runs under a prefix cache, in a pool tight enough to
     evict: the same records as the step-by-step reference."""
-    from sim.runner import RunConfig, prepare, simulate_prepared
+    from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 
     prep = prepare(RunConfig(scenario=scenario, num_requests=150, rate=40.0, policy=policy,
                              prefix_cache=cache, num_gpu_blocks=blocks, max_num_seqs=24))

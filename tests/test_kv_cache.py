@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.kv_cache import KVCacheManager
+from sim.kv.block_pool import KVCacheManager
 from tests.conftest import make_requests
 
 

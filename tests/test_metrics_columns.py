@@ -182,7 +182,7 @@ def test_cluster_tables_in_workload_and_start_time_order() -> None:
 
 
 def test_servesim_run_does_not_import_pandas(tmp_path: Path) -> None:
-    code = ("import sys\nfrom sim.cli import app\n"
+    code = ("import sys\nfrom sim.app.cli.main import app\n"
             "sys.argv = ['servesim', 'run', '--rate', '20', '--num-requests', '200', "
             f"'--replicas', '2', '--out', {str(tmp_path / 'run')!r}]\n"
             "try:\n    app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

@@ -1,4 +1,4 @@
-"""Outputs whole or not at all, never over what servesim did not write (sim/out_dir.py):
+"""Outputs whole or not at all, never over what servesim did not write (sim/app/runs/out_dir.py):
 run directories are replaced only when empty or a previous run; several are swapped in
 together; loose files are renamed into place once all are written; and the commands
 check their outputs before simulating."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.out_dir import check_run_dir, write_files
+from sim.app.cli.main import app
+from sim.app.runs.out_dir import check_run_dir, write_files
 
 runner = CliRunner()
 RUN = ["run", "--num-requests", "20", "--step-time", "0.01"]

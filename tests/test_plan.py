@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.plan_probe import (
+from sim.app.cli.main import app
+from sim.app.runs.load_search import (
     SLO,
     Probe,
     ProbeTask,
@@ -20,7 +20,7 @@ from sim.plan_probe import (
     search,
     with_load,
 )
-from sim.runner import RunConfig
+from sim.app.runs.runner import RunConfig
 
 runner = CliRunner()
 STEP = 0.01

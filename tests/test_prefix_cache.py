@@ -18,15 +18,16 @@ from typer.testing import CliRunner
 
 from policies import get_policy_class
 from scenarios.traces import load_trace
+from sim.app.cli.main import app
 from sim.batch import BatchShape
-from sim.block_cache import BlockHashCache
-from sim.cli import app
 from sim.config import SchedulerConfig
-from sim.kv_cache import KVCacheManager
-from sim.prefix_cache import PrefixCachingKV, make_kv
-from sim.prefix_content import answer_segment_id, mooncake_segments
-from sim.prefix_index import PrefixIndex
-from sim.radix_cache import RadixCache
+from sim.kv.block_cache import BlockHashCache
+from sim.kv.block_pool import KVCacheManager
+from sim.kv.factory import make_kv
+from sim.kv.prefix_cache import PrefixCachingKV
+from sim.kv.prefix_content import answer_segment_id, mooncake_segments
+from sim.kv.prefix_index import PrefixIndex
+from sim.kv.radix_cache import RadixCache
 from sim.request import Request
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals

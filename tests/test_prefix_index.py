@@ -1,4 +1,4 @@
-"""The prefix caches' block index (sim/prefix_index.py) against a plain dict model: slots
+"""The prefix caches' block index (sim/kv/prefix_index.py) against a plain dict model: slots
 named by (chain, block within it), lazy validity, chains that grow a second extent, and
 compaction, which renumbers every position but must change no answer (hypothesis)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.prefix_index import PrefixIndex
+from sim.kv.prefix_index import PrefixIndex
 from sim.request import Request
 
 OPEN = 1 << 62

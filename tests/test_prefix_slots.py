@@ -1,4 +1,4 @@
-"""A workload's prefix-cache slots fixed before the run (sim/prefix_slots.py): hand-computed
+"""A workload's prefix-cache slots fixed before the run (sim/kv/prefix_slots.py): hand-computed
 tables, Mooncake hash ids read as ``mooncake_segments`` reads them, the slot relation
 against ``prefix_spans`` and an independent layout model (hypothesis), bad input, and
 whole runs with fixed slots against the same requests given as segments (dynamic slots)."""
@@ -13,12 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sim.runner as runner
-import sim.workload_content as workload_content
+import sim.app.runs.prompt_content as workload_content
+import sim.app.runs.runner as runner
 from policies import get_policy_class
 from scenarios.workload import Workload
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.config import SchedulerConfig
-from sim.prefix_content import (
+from sim.kv.prefix_content import (
     CHAIN_ROOT,
     answer_segment_id,
     chain_hash,
@@ -26,9 +27,8 @@ from sim.prefix_content import (
     prefix_spans,
     unique_segment_id,
 )
-from sim.prefix_slots import PrefixSlotTable, _ids, segment_chains
+from sim.kv.prefix_slots import PrefixSlotTable, _ids, segment_chains
 from sim.request import Request
-from sim.runner import RunConfig, prepare, simulate_prepared
 from sim.simulate import simulate
 from sim.source import ContentFn, RequestListArrivals
 from tests.test_fastpath import ContextCost

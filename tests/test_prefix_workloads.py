@@ -8,7 +8,7 @@ import pytest
 from scenarios.build import build_workload
 from scenarios.traces import load_trace, save_trace
 from scenarios.workload import Workload
-from sim.prefix_content import answer_segment_id
+from sim.kv.prefix_content import answer_segment_id
 
 
 def scenario(name: str, n: int) -> Workload:
@@ -61,7 +61,7 @@ def test_a_readmission_hit_longer_than_the_prompt_is_held(mode: str) -> None:
     # re-admission finds its 80 computed blocks (the 81st token is always recomputed):
     # 80 blocks, more than the prompt's 1 + 64 a request's block array first had room
     # for (a cluster fuzz case found it).
-    from sim.prefix_cache import make_kv
+    from sim.kv.factory import make_kv
     from sim.request import Request
 
     kv = make_kv(mode, 200, 1)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from policies.chunked import ChunkedPolicy
 from scenarios.arrivals import constant, poisson
-from sim.cli import app
+from sim.app.cli.main import app
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
 from sim.simulate import SimResult, simulate

@@ -1,4 +1,4 @@
-"""SGLang's radix-tree mode (sim/radix_cache.py): hand-computed hits, splits where a match
+"""SGLang's radix-tree mode (sim/kv/radix_cache.py): hand-computed hits, splits where a match
 ends, deduplication, leaf-first LRU eviction of whole runs, and the tree's invariants
 under random use (hypothesis). What both modes share is in tests/test_prefix_cache.py."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.block_cache import BlockHashCache
-from sim.radix_cache import RadixCache
+from sim.kv.block_cache import BlockHashCache
+from sim.kv.radix_cache import RadixCache
 from tests.conftest import cache_op
 from tests.test_prefix_cache import admit, req, run_cached
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.report import (
+from sim.app.cli.main import app
+from sim.app.reports.report import (
     CDF_POINTS,
     TIMELINE_POINTS,
     cdf_points,
@@ -22,8 +22,8 @@ from sim.report import (
     timeline,
     write_report,
 )
-from sim.run_dir import load_run
-from sim.runner import RunConfig, prepare, simulate_prepared, write_run
+from sim.app.reports.run_dir import load_run
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared, write_run
 
 runner = CliRunner()
 MAX_BYTES = 10 * 1024 * 1024
@@ -223,7 +223,7 @@ def test_throughput_counts_every_token() -> None:
 
 
 def test_headline_table_says_which_runs_saturated(two_runs: list[Path]) -> None:
-    from sim.report_tables import headline_table
+    from sim.app.reports.tables import headline_table
 
     runs = [load_run(p) for p in two_runs]
     runs[1].summary = {**runs[1].summary, "saturated": True}

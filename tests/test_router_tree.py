@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from policies.chunked import ChunkedPolicy
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.cluster import simulate_cluster
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
 from sim.request import Request
 from sim.router_tree import ApproxPrefixTree, prompt_path
-from sim.runner import RunConfig, prepare, simulate_prepared
 from sim.source import RequestListArrivals
 
 A, B, C = (1, 100), (2, 50), (3, 30)  # (segment id, tokens)

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from sim.backends import Executor, map_ordered
-from sim.cli import app
-from sim.runner import RunConfig, prepare, simulate_prepared
-from sim.sweep import METRICS, Grid, cell_tasks, run_sweep
+from sim.app.cli.main import app
+from sim.app.runs.backends import Executor, map_ordered
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
+from sim.app.runs.sweep import METRICS, Grid, cell_tasks, run_sweep
 from tests.conftest import shared_path
 
 runner = CliRunner()

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from calibration.memory import plan_for
 from calibration.roofline import RooflineCostModel
 from calibration.specs import get_gpu, get_model, list_gpus
+from sim.app.cli.main import app
+from sim.app.runs.runner import RunConfig, prepare
 from sim.batch import BatchShape
-from sim.cli import app
-from sim.runner import RunConfig, prepare
 
 runner = CliRunner()
 

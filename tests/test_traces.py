@@ -172,7 +172,7 @@ def test_cli_refuses_unreadable_traces_in_one_line(tmp_path: Path, trace: str,
                                                    message: str) -> None:
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.app.cli.main import app
 
     if trace == "/dev/null" and not Path(trace).exists():
         pytest.skip("no /dev/null here")

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from policies import get_policy_class
 from policies.base import QueuePolicy
+from sim.app.cli.main import app
 from sim.batch import BatchPlan
-from sim.cli import app
 from sim.engine import SchedulerStuck
 from tests.conftest import make_requests, run_sim
 

@@ -1,4 +1,4 @@
-"""sim.validate and calibration.executor: the simulation and a real run on a tiny
+"""sim.app.runs.validate and calibration.executor: the simulation and a real run on a tiny
 random-weight decoder see the same schedule; the executor's caches follow the engine;
 the comparison figures; the `validate` command."""
 
@@ -14,11 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from calibration.specs import ModelSpec
-from sim.batch import BatchPlan, BatchShape
-from sim.cli import app
-from sim.request import Request
-from sim.runner import RunConfig, prepare
-from sim.validate import (
+from sim.app.cli.main import app
+from sim.app.runs.runner import RunConfig, prepare
+from sim.app.runs.validate import (
     RealSetup,
     admission_order,
     cache_capacity,
@@ -29,6 +27,8 @@ from sim.validate import (
     step_error,
     validation_config,
 )
+from sim.batch import BatchPlan, BatchShape
+from sim.request import Request
 
 TINY = ModelSpec(
     name="tiny", hf_id="test/tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
@@ -56,7 +56,7 @@ def make_prep(**fields: Any) -> Any:
 ], ids=["chunked", "static", "continuous", "preempt"])
 def test_real_run_sees_the_simulated_schedule(fields: dict[str, Any]) -> None:
     pytest.importorskip("torch")
-    from sim.validate import run_validation, validation_dict
+    from sim.app.runs.validate import run_validation, validation_dict
 
     prep = make_prep(**fields)
     v = run_validation(prep, TINY_REAL)
@@ -201,7 +201,7 @@ def test_validate_command_writes_files_and_prints_errors(
     """The shipped profile prices the run; the real run uses the tiny model (the
     profile's 0.5B model would take minutes here)."""
     pytest.importorskip("torch")
-    import sim.validate as validate
+    import sim.app.runs.validate as validate
 
     real_prepare = validate.prepare_validation
 

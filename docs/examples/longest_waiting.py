@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from policies.chunked import ChunkedPolicy
 from sim.config import SchedulerConfig
-from sim.kv_cache import KVCacheManager
+from sim.kv.block_pool import KVCacheManager
 from sim.request import Request
 
 

@@ -1,0 +1,5 @@
+"""``python -m sim.app.cli``: the ``servesim`` command line."""
+
+from sim.app.cli.main import main
+
+main()

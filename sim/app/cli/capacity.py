@@ -1,0 +1,297 @@
+"""``servesim sweep`` and ``servesim plan``: the capacity commands. The work is in
+sim/app/runs/sweep.py and sim/app/runs/plan.py, the pages in sim/app/reports/sweep_page.py
+and sim/app/reports/plan_page.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import Progress
+from rich.table import Table
+
+from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
+
+
+def sweep(
+    model: Annotated[str, typer.Option(help="Model preset.")] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option(help="GPU preset.")] = "h100-sxm",
+    dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32.")] = "bf16",
+    policy: Annotated[str | None, typer.Option(
+        help="Policies to compare, comma-separated (default chunked).")] = None,
+    max_num_seqs: Annotated[str | None, typer.Option(
+        help="Values to sweep, e.g. 16,32,64,128,256.")] = None,
+    max_num_batched_tokens: Annotated[str | None, typer.Option(
+        help="Token budgets to sweep.")] = None,
+    gpu_memory_utilization: Annotated[str | None, typer.Option(
+        help="Utilizations to sweep, e.g. 0.7,0.8,0.9.")] = None,
+    long_prefill_token_threshold: Annotated[str | None, typer.Option(
+        help="Prefill chunk caps to sweep.")] = None,
+    tensor_parallel_size: Annotated[str | None, typer.Option(
+        help="TP sizes to sweep, e.g. 4,8.")] = None,
+    replicas: Annotated[str | None, typer.Option(help="Replica counts to sweep.")] = None,
+    prefix_cache: Annotated[str | None, typer.Option(
+        help="Prefix caches to compare: none, block (vLLM), radix (SGLang).")] = None,
+    rate: Annotated[str | None, typer.Option(
+        help="Open-loop rates (req/s) to sweep; a trace is re-timed by Poisson arrivals."
+    )] = None,
+    concurrency: Annotated[str | None, typer.Option(
+        help="Closed-loop user counts to sweep (instead of --rate).")] = None,
+    burstiness: Annotated[str | None, typer.Option(
+        help="Gamma arrival shapes to sweep (1 = Poisson).")] = None,
+    seeds: Annotated[str, typer.Option(
+        help="Workload seeds; every cell replays each seed's workload.")] = "0",
+    trace: Annotated[str | None, typer.Option(help="Trace file to replay.")] = None,
+    trace_format: Annotated[str | None, typer.Option(help="servesim, azure, mooncake.")] = None,
+    trace_sample: Annotated[bool, typer.Option(
+        help="Draw --num-requests at random from the whole trace instead of the first.")
+    ] = False,
+    scenario: Annotated[str | None, typer.Option(help="Built-in scenario.")] = None,
+    arrival: Annotated[str | None, typer.Option(
+        help="Arrival process for --rate: poisson, gamma, constant, bursts.")] = None,
+    num_requests: Annotated[int | None, typer.Option(help="Requests per run.")] = None,
+    window: Annotated[float | None, typer.Option(help="Trace window in seconds.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Client cap on output.")] = None,
+    step_time: Annotated[float | None, typer.Option(help="Constant step time (s).")] = None,
+    profile: Annotated[str | None, typer.Option(help="Calibrated profile JSON.")] = None,
+    router: Annotated[str, typer.Option(help="Router for --replicas.")] = "least-outstanding",
+    think_time: Annotated[float, typer.Option(help="Closed-loop think time (s).")] = 0.0,
+    slo_ttft: Annotated[float | None, typer.Option(help="TTFT SLO (s), for goodput.")] = None,
+    slo_tpot: Annotated[float | None, typer.Option(help="TPOT SLO (s), for goodput.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        help="Worker processes (default: one per CPU).")] = None,
+    backend: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
+    address: Annotated[str | None, typer.Option(
+        help="Ray cluster address to join (--backend ray).")] = None,
+    out: Annotated[Path, typer.Option(help="Directory for sweep.csv and sweep.html.")] =
+        Path("runs/sweep"),
+) -> None:
+    """Run a grid of what-if cells (every combination of the comma-separated values) on
+    the same seeded workload, in parallel; write sweep.csv, sweep.json and sweep.html."""
+    from sim.app.reports.sweep_page import write_sweep
+    from sim.app.runs.out_dir import check_files
+    from sim.app.runs.runner import RunConfig
+    from sim.app.runs.sweep import Grid, check_cells, run_sweep
+
+    try:
+        grid = Grid.parse({
+            "policy": policy, "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "long_prefill_token_threshold": long_prefill_token_threshold,
+            "tensor_parallel_size": tensor_parallel_size, "replicas": replicas,
+            "prefix_cache": prefix_cache, "burstiness": burstiness, "rate": rate,
+            "concurrency": concurrency}, seeds)
+        base = RunConfig(model=model, gpu=gpu, dtype=dtype, trace=trace,
+                         trace_format=trace_format, trace_sample=trace_sample,
+                         scenario=scenario, arrival=arrival, num_requests=num_requests,
+                         window=window, max_tokens=max_tokens, step_time=step_time,
+                         profile=profile, router=router, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        check_cells(base, grid, think_time=think_time)
+        check_files(out, ("sweep.csv", "sweep.json", "sweep.html"))
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    n = len(grid.cells()) * len(grid.seeds)
+    console.print(f"sweep: {len(grid.cells())} cells x {len(grid.seeds)} seed(s) = {n} runs "
+                  f"({backend} backend)")
+    start = time.perf_counter()
+    try:
+        with progress_bar() as bar:
+            task = bar.add_task("simulating cells", total=n)
+            df = run_sweep(base, grid, workers=workers, backend=backend, address=address,
+                           on_done=lambda k: bar.update(task, completed=k),
+                           think_time=think_time)
+        elapsed = time.perf_counter() - start
+        failed = df["error"] != ""
+        if failed.all():  # nothing to show: say why instead of writing empty results
+            raise ValueError(f"every run failed; the first: {df['error'].iloc[0]}")
+        paths = write_sweep(out, df, base, grid, elapsed)
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    console.print(sweep_table(df, list(grid.axes)))
+    console.print(f"{n} runs in {elapsed:,.1f} s; wrote " + ", ".join(str(p) for p in paths))
+
+
+def _percent(x: float | None) -> str:
+    """A fraction as a percentage; "-" for none (None or NaN: a run without a cache)."""
+    return "-" if x is None or math.isnan(x) else f"{x:.1%}"
+
+
+def sweep_table(df: Any, axes: list[str], limit: int = 60) -> Table:
+    """Mean over seeds per cell: throughput, p99 latencies, saturation."""
+    from sim.app.runs.sweep import aggregate
+
+    agg = aggregate(df, axes)
+    hits = "prefix_cache" in axes
+    t = Table(title="sweep (mean over seeds)", header_style="bold")
+    for c in (*axes, "req/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p99 (ms)",
+              *(["prefix hit rate"] if hits else []), "saturated"):
+        t.add_column(c, justify="right")
+    for row in agg.head(limit).itertuples(index=False):
+        r = row._asdict()
+        hit = r["prefix_hit_rate"]
+        t.add_row(*(str(r[a]) for a in axes), f"{r['throughput_rps']:.3f}",
+                  f"{r['ttft_p50_s'] * 1e3:,.1f}", f"{r['ttft_p99_s'] * 1e3:,.1f}",
+                  f"{r['tpot_p99_s'] * 1e3:,.1f}",
+                  *([_percent(hit)] if hits else []),
+                  "[bold red]YES[/bold red]" if r["saturated"] else "no")
+    errors = int((df["error"] != "").sum())
+    if errors:
+        t.caption = f"{errors} run(s) failed: see the error column of sweep.csv"
+    if len(agg) > limit:
+        t.caption = (t.caption or "") + f" (first {limit} of {len(agg)} cells shown)"
+    return t
+
+
+def plan(
+    model: Annotated[str, typer.Option(help="Model preset.")] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option(help="GPU preset.")] = "h100-sxm",
+    dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32.")] = "bf16",
+    slo_ttft: Annotated[float | None, typer.Option(help="TTFT SLO in seconds.")] = None,
+    slo_tpot: Annotated[float | None, typer.Option(help="TPOT SLO in seconds.")] = None,
+    slo_percentile: Annotated[float, typer.Option(
+        help="Percentile the SLOs apply at.")] = 99.0,
+    target_rate: Annotated[float | None, typer.Option(
+        help="Total arrival rate to serve (req/s): sizes and checks the cluster.")] = None,
+    target_concurrency: Annotated[int | None, typer.Option(
+        help="Total closed-loop users to serve (with --load concurrency).")] = None,
+    load: Annotated[str, typer.Option(
+        help="Load axis to search: rate (open loop, Poisson) or concurrency (closed loop)."
+    )] = "rate",
+    policy: Annotated[str | None, typer.Option(help="Policies to compare.")] = None,
+    max_num_seqs: Annotated[str | None, typer.Option(help="Values to compare.")] = None,
+    max_num_batched_tokens: Annotated[str | None, typer.Option(
+        help="Token budgets to compare.")] = None,
+    gpu_memory_utilization: Annotated[str | None, typer.Option(
+        help="Utilizations to compare.")] = None,
+    long_prefill_token_threshold: Annotated[str | None, typer.Option(
+        help="Prefill chunk caps to compare.")] = None,
+    tensor_parallel_size: Annotated[str | None, typer.Option(
+        help="TP sizes to compare, e.g. 4,8 (GPUs = replicas x TP).")] = None,
+    prefix_cache: Annotated[str | None, typer.Option(
+        help="Prefix caches to compare: none, block (vLLM), radix (SGLang).")] = None,
+    trace: Annotated[str | None, typer.Option(help="Trace whose lengths to use.")] = None,
+    trace_format: Annotated[str | None, typer.Option(help="servesim, azure, mooncake.")] = None,
+    trace_sample: Annotated[bool, typer.Option(
+        help="Draw each probe's requests at random from the whole trace (per seed) "
+             "rather than take the first --num-requests.")] = True,
+    scenario: Annotated[str | None, typer.Option(help="Built-in scenario instead.")] = None,
+    burstiness: Annotated[float | None, typer.Option(
+        help="Plan for gamma arrivals of this shape instead of Poisson.")] = None,
+    num_requests: Annotated[int, typer.Option(
+        help="Requests per probe (the cost and the precision of every probe).")] = 2000,
+    max_tokens: Annotated[int | None, typer.Option(help="Client cap on output.")] = None,
+    step_time: Annotated[float | None, typer.Option(help="Constant step time (s).")] = None,
+    profile: Annotated[str | None, typer.Option(help="Calibrated profile JSON.")] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds per probe; the interval spans them.")] =
+        "0,1,2",
+    start: Annotated[float, typer.Option(help="First load probed (req/s or users).")] = 1.0,
+    tolerance: Annotated[float, typer.Option(
+        help="Bisect until the bracket is within this fraction.")] = 0.02,
+    max_probes: Annotated[int, typer.Option(help="Most probes per search.")] = 16,
+    router: Annotated[str, typer.Option(
+        help="Router of the cluster check.")] = "least-outstanding",
+    check_requests: Annotated[int | None, typer.Option(
+        help="Requests per cluster check (default num_requests x replicas).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
+    backend: Annotated[str, typer.Option(help="local or ray.")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
+    out: Annotated[Path, typer.Option(help="Directory for the capacity report.")] =
+        Path("runs/plan"),
+) -> None:
+    """Find the load one replica sustains within the SLOs, the best engine config of the
+    grid and the replicas (GPUs) a target needs, confirmed by a cluster simulation; write
+    capacity.md, capacity.html and plan.json."""
+    from sim.app.reports.plan_page import answer_lines, write_plan
+    from sim.app.runs.backends import Executor
+    from sim.app.runs.load_search import SLO
+    from sim.app.runs.out_dir import check_files
+    from sim.app.runs.plan import PlanSpec, run_plan
+    from sim.app.runs.runner import RunConfig
+    from sim.app.runs.sweep import Grid
+
+    try:
+        spec = _plan_spec(locals(), Grid, RunConfig, SLO, PlanSpec)
+        executor = Executor(workers, backend, address)
+        check_files(out, ("capacity.md", "capacity.html", "plan.json"))
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    console.print(f"plan: {len(spec.grid.cells())} config(s) x {len(spec.grid.seeds)} seed(s), "
+                  f"{spec.base.num_requests:,} requests per probe, SLO {spec.slo.describe()}")
+    t0 = time.perf_counter()
+    try:
+        with progress_bar() as bar, executor as ex:
+            res = run_plan(spec, _bar_runner(ex, bar))
+        res.elapsed_s = time.perf_counter() - t0
+        paths = write_plan(out, res)
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    for line in answer_lines(res):
+        console.print("- " + _rich(line), highlight=False)
+    console.print(f"planned in {res.elapsed_s:,.1f} s; wrote " + ", ".join(map(str, paths)))
+
+
+def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
+               spec_cls: Any) -> Any:
+    """The PlanSpec of the plan command's arguments ``a``, every config checked as its
+    first probe would build it (sweep.check_cells); ValueError on bad input."""
+    from sim.app.runs.load_search import with_load
+    from sim.app.runs.sweep import check_cells
+
+    if a["load"] == "concurrency" and a["target_rate"] is not None:
+        raise ValueError("with --load concurrency give --target-concurrency, not --target-rate")
+    if a["load"] == "rate" and a["target_concurrency"] is not None:
+        raise ValueError("--target-concurrency needs --load concurrency")
+    if not (math.isfinite(a["start"]) and a["start"] > 0):
+        raise ValueError(f"start must be a finite load > 0, got {a['start']}")
+    if a["check_requests"] is not None and a["check_requests"] < 1:
+        raise ValueError(f"check_requests must be >= 1, got {a['check_requests']}")
+    grid = grid_cls.parse({k: a[k] for k in (
+        "policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+        "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")}, a["seeds"])
+    base = cfg_cls(model=a["model"], gpu=a["gpu"], dtype=a["dtype"], trace=a["trace"],
+                   trace_format=a["trace_format"],
+                   trace_sample=bool(a["trace_sample"] and a["trace"]),
+                   scenario=a["scenario"], burstiness=a["burstiness"],
+                   num_requests=a["num_requests"], max_tokens=a["max_tokens"],
+                   step_time=a["step_time"], profile=a["profile"])
+    seed = grid.seeds[0] if grid.seeds else 0
+    check_cells(dataclasses.replace(base, router=a["router"]), grid,
+                lambda c: with_load(c, a["load"], max(a["start"], 1.0), seed))
+    target = a["target_rate"] if a["load"] == "rate" else a["target_concurrency"]
+    return spec_cls(base, slo_cls(a["slo_ttft"], a["slo_tpot"], a["slo_percentile"]), grid,
+                    load_axis=a["load"], target=target, start=a["start"],
+                    tolerance=a["tolerance"], max_probes=a["max_probes"], router=a["router"],
+                    check_requests=a["check_requests"])
+
+
+PHASES = {"search": "searching load per config and seed", "run_probe": "simulating probes",
+          "run_loop": "open vs closed loop"}
+
+
+def _bar_runner(ex: Any, bar: Progress) -> Callable[[Callable[[Any], Any], list[Any]],
+                                                    list[Any]]:
+    task = bar.add_task("planning", total=1)
+
+    def runner(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        bar.reset(task, total=len(items),
+                  description=PHASES.get(getattr(fn, "__name__", ""), "running"))
+        return list(ex.map(fn, items, lambda k: bar.update(task, completed=k)))
+    return runner
+
+
+def _rich(markdown_line: str) -> str:
+    """**bold** -> rich bold markup (the rest escaped)."""
+    from rich.markup import escape
+
+    out = escape(markdown_line)
+    while out.count("**") >= 2:
+        out = out.replace("**", "[bold]", 1).replace("**", "[/bold]", 1)
+    return out

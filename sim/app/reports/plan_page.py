@@ -1,0 +1,366 @@
+"""The capacity report of ``servesim plan``: capacity.md and capacity.html (the answer
+first, then the evidence), and plan.json (every probe, for a re-analysis).
+
+The evidence: the configs compared, the cluster checks, SLO attainment and p99 latency
+against the load (every probe of every search), the sensitivity of the chosen config to
+burstiness, open- against closed-loop latency at equal throughput, and the method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.app.runs.out_dir import write_files
+from sim.app.runs.plan import BURSTINESS_LEVELS, ConfigResult, PlanResult, gpus_estimate
+from sim.app.runs.runner import MAX_REPLICAS
+from sim.saturation import RULE
+
+
+def _unit(res: PlanResult) -> str:
+    return "req/s" if res.spec.load_axis == "rate" else "users"
+
+
+def _knobs(c: ConfigResult) -> str:
+    return ", ".join(f"{k}={v}" for k, v in c.knobs.items()) or "the base config"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:,.1f} ms"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.3f} s"
+
+
+def _workload(res: PlanResult) -> str:
+    b = res.spec.base
+    what = (f"trace {Path(b.trace).name}" if b.trace else f"scenario {b.scenario or 'default'}")
+    n = b.num_requests or 2000
+    pick = "drawn at random from the whole trace, per seed" if b.trace_sample else "the first"
+    timing = ("re-timed by Poisson arrivals" if b.burstiness is None
+              else f"re-timed by gamma arrivals (burstiness {b.burstiness:g})")
+    if res.spec.load_axis == "concurrency":
+        timing = "sent by closed-loop users"
+    return f"{what}: {n:,} requests per probe ({pick}), {timing}"
+
+
+def answer_lines(res: PlanResult) -> list[str]:
+    """The answer, one markdown bullet per line (also printed by the CLI)."""
+    spec, best, unit = res.spec, res.best, _unit(res)
+    b = spec.base
+    lines = [f"**Model / GPU**: {b.model} on {b.gpu} ({b.dtype})",
+             f"**Workload**: {_workload(res)}",
+             f"**SLO**: {spec.slo.describe()} (at least {spec.slo.percentile:g}% of all "
+             "requests must meet each; a saturated run never passes)"]
+    if best is None:
+        errs = "; ".join(f"{_knobs(c)}: {c.error}" for c in res.configs if c.error)
+        return [*lines, "**No config sustains any load within the SLOs**"
+                + (f" ({errs})" if errs else "")]
+    med, lo, hi = best.interval(spec.load_axis)
+    per = (f"**One replica sustains {med:,.3g} {unit}** (median over {len(best.searches)} "
+           f"seeds; interval {lo:,.3g}-{hi:,.3g} = min-max over seeds, each found to within "
+           f"{spec.tolerance:.0%})")
+    if spec.load_axis == "concurrency":
+        tm = best.throughput_interval()[0]
+        per += f", i.e. {tm:,.3g} req/s"
+    lines += [per, f"**Config**: {_knobs(best)}; TP {best.tp} "
+              f"({best.tp} GPU{'s' if best.tp > 1 else ''} per replica)"]
+    if spec.target is None:
+        lines.append(f"**Per GPU**: {med / best.tp:,.3g} {unit}; no --target given, so no "
+                     "cluster was sized")
+        return lines
+    est = math.ceil(spec.target / med) if med > 0 else None
+    if res.replicas is None:
+        tried = len(res.checks.get(best.index, []))
+        why = (f"the estimate of {est} replicas and up to {tried} cluster sizes failed the "
+               "SLOs; see the cluster checks" if tried else
+               f"the estimate of {est} replicas is beyond the {MAX_REPLICAS} replicas one "
+               "run simulates, so no cluster was checked")
+        lines.append(f"**Target {spec.target:,.4g} {unit}: not confirmed** - {why}")
+        return lines
+    r = res.replicas
+    chk = next(c for c in res.checks[best.index] if c.replicas == r)
+    worst_ttft = max((p.p_ttft_s or 0.0) for p in chk.probes)
+    worst_tpot = max((p.p_tpot_s or 0.0) for p in chk.probes)
+    lines.append(
+        f"**Target {spec.target:,.4g} {unit}: {r} replica{'s' if r > 1 else ''} x TP "
+        f"{best.tp} = {r * best.tp} GPU{'s' if r * best.tp > 1 else ''}**, confirmed: the "
+        f"{r}-replica cluster behind the {spec.router} router at {spec.target:,.4g} {unit} "
+        f"meets the SLOs on all {len(chk.probes)} seeds (worst p{spec.slo.percentile:g} "
+        f"TTFT {_s(worst_ttft)}, TPOT {_ms(worst_tpot)}; estimate from the median was "
+        f"{est})")
+    others = [c for c in res.configs if c is not best and not c.error
+              and c.interval(spec.load_axis)[0] > 0]
+    if others:
+        lines.append(f"**Cheapest in GPUs** of {len(others) + 1} configs compared (see "
+                     "the table)")
+    return lines
+
+
+def configs_frame(res: PlanResult) -> pd.DataFrame:
+    """One row per config: capacity interval, per-GPU rate, GPU estimate and check."""
+    unit = _unit(res)
+    rows = []
+    for c in res.configs:
+        med, lo, hi = c.interval(res.spec.load_axis)
+        checks = res.checks.get(c.index, [])
+        passing = [k.replicas for k in checks if k.passes]
+        row: dict[str, Any] = {"config": _knobs(c), "TP": c.tp,
+                               f"sustainable {unit} (median)": med, "min": lo, "max": hi,
+                               f"{unit} per GPU": med / c.tp if c.tp else None}
+        if res.spec.target is not None:
+            est = gpus_estimate(res.spec, c)
+            row["GPUs for target (estimate)"] = None if math.isinf(est) else int(est)
+            row["GPUs confirmed"] = min(passing) * c.tp if passing else None
+        row["chosen"] = c is res.best
+        row["note"] = c.error
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def checks_frame(res: PlanResult) -> pd.DataFrame:
+    rows = []
+    for idx, checks in res.checks.items():
+        c = res.configs[idx]
+        for k in checks:
+            for p in k.probes:
+                rows.append({"config": _knobs(c), "replicas": k.replicas,
+                             "GPUs": k.replicas * c.tp, "seed": p.seed, "offered": p.load,
+                             "throughput (req/s)": p.throughput_rps,
+                             "TTFT attainment": p.ttft_attainment,
+                             "TPOT attainment": p.tpot_attainment,
+                             "p TTFT (s)": p.p_ttft_s, "p TPOT (s)": p.p_tpot_s,
+                             "saturated": p.saturated, "meets SLOs": p.feasible})
+    return pd.DataFrame(rows)
+
+
+def probes_frame(res: PlanResult) -> pd.DataFrame:
+    rows = []
+    for c in res.configs:
+        for s in c.searches:
+            for i, p in enumerate(s.probes):
+                rows.append({"config": _knobs(c), "seed": s.seed, "probe": i + 1,
+                             "load": p.load, "throughput (req/s)": p.throughput_rps,
+                             "TTFT attainment": p.ttft_attainment,
+                             "TPOT attainment": p.tpot_attainment, "p TTFT (s)": p.p_ttft_s,
+                             "p TPOT (s)": p.p_tpot_s, "saturated": p.saturated,
+                             "meets SLOs": p.feasible, "error": p.error})
+    return pd.DataFrame(rows)
+
+
+def burstiness_frame(res: PlanResult) -> pd.DataFrame:
+    rows = []
+    for k, probes in res.burstiness:
+        rows.append({"burstiness k": k, "CV of gaps": 1 / math.sqrt(k),
+                     "TTFT attainment (worst seed)": min(p.ttft_attainment for p in probes),
+                     "TPOT attainment (worst seed)": min(p.tpot_attainment for p in probes),
+                     "p TTFT (s, worst seed)": max((p.p_ttft_s or 0.0) for p in probes),
+                     "p TPOT (s, worst seed)": max((p.p_tpot_s or 0.0) for p in probes),
+                     "saturated seeds": sum(p.saturated for p in probes),
+                     "meets SLOs (all seeds)": all(p.feasible for p in probes)})
+    return pd.DataFrame(rows)
+
+
+def loops_frame(res: PlanResult) -> pd.DataFrame:
+    rows = []
+    for r in res.loops:
+        load = (f"{int(r.load)} users (closed loop)" if r.kind == "closed"
+                else f"Poisson {r.load:.3g} req/s (open loop)")
+        rows.append({"load": load, "throughput (req/s)": r.throughput_rps,
+                     "TTFT p50 (s)": r.ttft_p50_s, "TTFT p99 (s)": r.ttft_p99_s,
+                     "TPOT p50 (s)": r.tpot_p50_s, "TPOT p99 (s)": r.tpot_p99_s,
+                     "E2E mean (s)": r.e2e_mean_s, "E2E p99 (s)": r.e2e_p99_s,
+                     "queued mean (s)": r.queued_mean_s, "requests measured": r.num_measured,
+                     "saturated": r.saturated})
+    return pd.DataFrame(rows)
+
+
+def method_lines(res: PlanResult) -> list[str]:
+    spec = res.spec
+    n = spec.base.num_requests or 2000
+    return [
+        f"Each probe simulates {n:,} requests ({_workload(res)}); more requests per probe "
+        "narrow the interval and cost time linearly (`--num-requests`).",
+        f"A probe meets the SLO when at least {spec.slo.percentile:g}% of all requests meet "
+        "each objective (rejected requests miss) and the run is not saturated: "
+        f"{RULE}.",
+        f"Search per (config, seed): from {spec.start:g} {_unit(res)}, double (or halve) "
+        "until feasible and infeasible loads bracket the boundary, then bisect until the "
+        f"bracket is within {spec.tolerance:.0%} of its lower end (at most {spec.max_probes} "
+        "probes). The seed's value is the highest feasible load found. The report gives "
+        "the median over seeds with the min-max interval; seeds change the arrival draws "
+        + ("and the requests drawn from the trace." if spec.base.trace_sample else "."),
+        "Cluster check: replicas start at ceil(target / median), one more while the cluster "
+        "fails on any seed, one fewer while it still passes (not below ceil(target / max)); "
+        f"the router is {spec.router}; each check simulates "
+        f"{spec.check_requests if spec.check_requests else 'num_requests x replicas'}"
+        " requests (with a trace, at most the whole trace).",
+        "Burstiness: the chosen config at the per-replica operating load "
+        f"({res.operating_load:.4g} {_unit(res)}) under gamma arrivals of shape k in "
+        f"{list(BURSTINESS_LEVELS)} (CV of the gaps 1/sqrt(k); k = 1 is Poisson).",
+        "Open vs closed loop: C users (Little's law: operating rate x mean E2E) send their "
+        "next request as the previous one ends; Poisson arrivals then replay the throughput "
+        "they reached. Latency and throughput are measured on requests sent after the first "
+        "C and before the last C (the start-up wave and the drain). A closed loop slows "
+        "its own arrivals when the server slows, so it hides queueing and understates "
+        "latency.",
+        "Cost model and memory: per GPU of a tensor-parallel replica (weights, KV heads and "
+        "FLOPs split TP ways, two all-reduces per layer over the GPU's interconnect; see "
+        "docs/capacity.md). Calibrated profiles are single-GPU: TP > 1 uses the roofline.",
+    ]
+
+
+def markdown(res: PlanResult) -> str:
+    """capacity.md."""
+    b = res.spec.base
+    parts = [f"# Capacity plan: {b.model} on {b.gpu}", "", "## Answer", ""]
+    parts += [f"- {line}" for line in answer_lines(res)]
+    parts += ["", f"Planned in {res.elapsed_s:,.1f} s of wall time.", "",
+              "## Configs compared", "", _md_table(configs_frame(res))]
+    if res.checks:
+        parts += ["", "## Cluster checks", "", _md_table(checks_frame(res))]
+    if res.burstiness:
+        parts += ["", f"## Sensitivity to burstiness (chosen config at "
+                  f"{res.operating_load:.4g} {_unit(res)} per replica)", "",
+                  _md_table(burstiness_frame(res))]
+    if res.loops:
+        parts += ["", "## Open vs closed loop at equal throughput", "",
+                  _md_table(loops_frame(res))]
+    parts += ["", "## Method", ""] + [f"- {m}" for m in method_lines(res)]
+    return "\n".join(parts) + "\n"
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "(none)"
+
+    def fmt(x: Any) -> str:
+        if isinstance(x, bool):
+            return "yes" if x else "no"
+        if isinstance(x, float):
+            return "-" if x != x else f"{x:.4g}"
+        return "-" if x is None else str(x).replace("|", "/")
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "---|" * len(df.columns)
+    rows = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *rows])
+
+
+def html_page(res: PlanResult) -> str:
+    """capacity.html: the same as capacity.md, with the load curves."""
+    from sim.app.reports.sweep_page import fig_html, page, table_html
+
+    b = res.spec.base
+    body = ["<h2>Answer</h2><div class='answer'><ul>"
+            + "".join(f"<li>{_md_inline(line)}</li>" for line in answer_lines(res))
+            + "</ul></div>",
+            f"<p>Planned in {res.elapsed_s:,.1f} s of wall time.</p>",
+            "<h2>Configs compared</h2>", table_html(configs_frame(res))]
+    probes = probes_frame(res)
+    if not probes.empty:
+        body += ["<h2>SLO attainment and latency against load</h2>",
+                 "<p>Every probe of every search; x = saturated.</p>",
+                 fig_html(load_figure(res, probes))]
+    if res.checks:
+        body += ["<h2>Cluster checks</h2>", table_html(checks_frame(res))]
+    if res.burstiness:
+        body += [f"<h2>Sensitivity to burstiness (chosen config at "
+                 f"{res.operating_load:.4g} {_unit(res)} per replica)</h2>",
+                 table_html(burstiness_frame(res))]
+    if res.loops:
+        body += ["<h2>Open vs closed loop at equal throughput</h2>",
+                 table_html(loops_frame(res))]
+    body += ["<h2>Method</h2><ul>"
+             + "".join(f"<li>{_md_inline(m)}</li>" for m in method_lines(res)) + "</ul>",
+             "<h2>All probes</h2>", table_html(probes)]
+    return page(f"Capacity plan: {b.model} on {b.gpu}", body)
+
+
+def _md_inline(text: str) -> str:
+    """Escape, then render **bold** and `code` as HTML."""
+    out = html.escape(text)
+    while out.count("**") >= 2:
+        out = out.replace("**", "<b>", 1).replace("**", "</b>", 1)
+    while out.count("`") >= 2:
+        out = out.replace("`", "<code>", 1).replace("`", "</code>", 1)
+    return out
+
+
+def load_figure(res: PlanResult, probes: pd.DataFrame) -> Any:
+    """Attainment (worse of TTFT and TPOT) and p TTFT / p TPOT against load, per config."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    p = res.spec.slo.percentile
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "SLO attainment (worse of TTFT, TPOT)", f"p{p:g} TTFT (s)", f"p{p:g} TPOT (ms)"))
+    palette = qualitative.Plotly
+    ok = probes[probes["error"] == ""].sort_values(["config", "seed", "load"])
+    for i, ((config, seed), sub) in enumerate(ok.groupby(["config", "seed"], sort=False)):
+        name = f"{config} / seed {seed}"
+        color = palette[i % len(palette)]
+        sym = ["x" if s else "circle" for s in sub["saturated"]]
+        att = sub[["TTFT attainment", "TPOT attainment"]].min(axis=1)
+        for col, y in ((1, att), (2, sub["p TTFT (s)"]), (3, sub["p TPOT (s)"] * 1e3)):
+            fig.add_trace(go.Scatter(x=sub["load"], y=y, mode="lines+markers", name=name,
+                                     legendgroup=name, showlegend=col == 1,
+                                     line={"color": color},
+                                     marker={"symbol": sym, "size": 8, "color": color}),
+                          row=1, col=col)
+    fig.add_hline(y=p / 100, line_dash="dash", line_color="red", row=1, col=1)
+    if res.spec.slo.ttft_s is not None:
+        fig.add_hline(y=res.spec.slo.ttft_s, line_dash="dash", line_color="red", row=1, col=2)
+    if res.spec.slo.tpot_s is not None:
+        fig.add_hline(y=res.spec.slo.tpot_s * 1e3, line_dash="dash", line_color="red",
+                      row=1, col=3)
+    fig.update_xaxes(title_text=f"load ({_unit(res)}, one replica)", type="log")
+    fig.update_layout(height=460, margin={"t": 40})
+    return fig
+
+
+def to_json(res: PlanResult) -> dict[str, Any]:
+    """plan.json: the spec, every search and probe, the checks and the evidence."""
+    def conv(x: Any) -> Any:
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return {k: conv(v) for k, v in dataclasses.asdict(x).items()}
+        if isinstance(x, dict):
+            return {str(k): conv(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [conv(v) for v in x]
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        return x
+    spec = res.spec
+    return conv({
+        "base": spec.base, "slo": spec.slo, "load_axis": spec.load_axis,
+        "target": spec.target, "router": spec.router, "seeds": list(spec.grid.seeds),
+        "tolerance": spec.tolerance,
+        "answer": answer_lines(res),
+        "best_config": res.best.index if res.best else None, "replicas": res.replicas,
+        "configs": [{"index": c.index, "knobs": c.knobs, "error": c.error,
+                     "interval": c.interval(spec.load_axis), "searches": c.searches}
+                    for c in res.configs],
+        "cluster_checks": {str(i): [{"replicas": k.replicas, "passes": k.passes,
+                                     "probes": k.probes} for k in ks]
+                           for i, ks in res.checks.items()},
+        "operating_load": res.operating_load,
+        "burstiness": [{"k": k, "probes": ps} for k, ps in res.burstiness],
+        "open_vs_closed": res.loops, "elapsed_s": res.elapsed_s,
+    })
+
+
+def write_plan(out_dir: Path, res: PlanResult) -> list[Path]:
+    """capacity.md, capacity.html and plan.json in ``out_dir``, all three or none
+    (sim/app/runs/out_dir.py write_files); returns their paths."""
+    return write_files(out_dir, {
+        "capacity.md": lambda: markdown(res),
+        "capacity.html": lambda: html_page(res),
+        "plan.json": lambda: json.dumps(to_json(res), indent=2) + "\n"})

@@ -1,0 +1,290 @@
+"""HTML reports of run directories: one self-contained file that works offline.
+
+Owns the report's figures and its page; loading a run directory (config.json,
+summary.json, requests.csv, steps.csv) is sim/app/reports/run_dir.py, the tables
+sim/app/reports/tables.py, the page shell and HTML tables sim/app/reports/html_page.py. plotly is
+imported lazily, inside the functions that draw.
+
+Size control, so a 19,366-request replay stays a few MB on top of plotly.js (~4.7 MB):
+- CDFs keep at most ``CDF_POINTS`` points of each empirical CDF: the sorted values at
+  evenly spaced ranks, first and last included, each at its exact cumulative fraction.
+- The step timeline keeps at most ``TIMELINE_POINTS`` points per series: when a run has
+  more steps, the time from the first step's start to the last step's end is cut into
+  that many equal buckets and each bucket becomes one point at its midpoint: batch size,
+  KV cache usage and waiting queue length are means weighted by step duration (the level
+  seen over the busy time of the bucket), prefill and decode tokens are means per step,
+  preemptions are the bucket's total. Buckets without a step are gaps in the line.
+- Throughput is tokens (or requests) per second over ``THROUGHPUT_BUCKETS`` equal buckets.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.app.reports.html_page import page
+from sim.app.reports.run_dir import RunData, load_runs
+from sim.app.reports.tables import config_table, headline_table, latency_table
+from sim.app.runs.out_dir import write_files
+
+CDF_POINTS = 1000
+TIMELINE_POINTS = 2000
+THROUGHPUT_BUCKETS = 200
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+# -- data reduction ----------------------------------------------------------------------
+
+
+def cdf_points(values: np.ndarray, max_points: int = CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(x, F(x)) of the empirical CDF of the finite values, at most ``max_points`` points
+    (evenly spaced ranks, min and max kept)."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    v = v[np.isfinite(v)]
+    n = v.size
+    if n == 0:
+        return v, v
+    idx = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(np.int64))
+    return v[idx], (idx + 1) / n
+
+
+def _num_steps(steps: pd.DataFrame) -> np.ndarray:
+    """How many engine steps each row stands for (steps.csv is run-length compressed;
+    see metrics.compress_steps); 1 per row for an uncompressed frame."""
+    if "num_steps" in steps:
+        return steps["num_steps"].to_numpy(np.float64)
+    return np.ones(len(steps))
+
+
+def timeline(steps: pd.DataFrame, num_usable_blocks: int,
+             max_points: int = TIMELINE_POINTS) -> pd.DataFrame:
+    """The step timeline, bucketed in time when longer than ``max_points`` (see the
+    module docstring). Columns: time, num_seqs, num_prefill_tokens, num_decode_tokens,
+    kv_usage (fraction), num_waiting, num_preempted."""
+    t = steps["start_time"].to_numpy(np.float64)
+    d = steps["duration_s"].to_numpy(np.float64)
+    k = _num_steps(steps)
+    cols = {c: steps[c].to_numpy(np.float64) for c in (
+        "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting", "num_preempted")}
+    cols["kv_usage"] = steps["kv_blocks_used"].to_numpy(np.float64) / max(num_usable_blocks, 1)
+    if len(t) <= max_points:
+        return pd.DataFrame({"time": t, **cols})
+    t0, t1 = float(t.min()), float((t + d).max())
+    idx = np.minimum(((t - t0) / (t1 - t0) * max_points).astype(np.int64), max_points - 1)
+    n = np.bincount(idx, weights=k, minlength=max_points)
+    busy = np.bincount(idx, weights=d, minlength=max_points)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        def weighted(x: np.ndarray) -> np.ndarray:
+            return np.bincount(idx, weights=x * d, minlength=max_points) / busy
+
+        def per_step(x: np.ndarray) -> np.ndarray:
+            return np.bincount(idx, weights=x * k, minlength=max_points) / n
+
+        out = {
+            "time": t0 + (np.arange(max_points) + 0.5) * (t1 - t0) / max_points,
+            "num_seqs": weighted(cols["num_seqs"]),
+            "num_prefill_tokens": per_step(cols["num_prefill_tokens"]),
+            "num_decode_tokens": per_step(cols["num_decode_tokens"]),
+            "kv_usage": weighted(cols["kv_usage"]),
+            "num_waiting": weighted(cols["num_waiting"]),
+            "num_preempted": np.where(n > 0, np.bincount(
+                idx, weights=cols["num_preempted"], minlength=max_points), np.nan),
+        }
+    return pd.DataFrame(out)
+
+
+def throughput(steps: pd.DataFrame, requests: pd.DataFrame,
+               num_buckets: int = THROUGHPUT_BUCKETS) -> pd.DataFrame:
+    """Per-second rates over equal time buckets: total_tokens_per_s (prefill + decode
+    tokens computed), output_tokens_per_s (decodes plus first tokens) and
+    requests_per_s (finished requests)."""
+    t = steps["start_time"].to_numpy(np.float64)
+    if len(t) == 0:
+        return pd.DataFrame(columns=["time", "total_tokens_per_s", "output_tokens_per_s",
+                                     "requests_per_s"])
+    t0 = float(t.min())
+    t1 = float((t + steps["duration_s"].to_numpy(np.float64)).max())
+    width = (t1 - t0) / num_buckets if t1 > t0 else 1.0
+    edges = t0 + np.arange(num_buckets + 1) * width
+
+    def rate(times: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        return np.histogram(times, bins=edges, weights=weights)[0] / width
+
+    k = _num_steps(steps)
+    pre = steps["num_prefill_tokens"].to_numpy(np.float64) * k
+    dec = steps["num_decode_tokens"].to_numpy(np.float64) * k
+    first = requests["first_token_time"].to_numpy(np.float64)
+    fin = requests.loc[requests["status"] == "finished", "finish_time"].to_numpy(np.float64)
+    return pd.DataFrame({
+        "time": edges[:-1] + width / 2,
+        "total_tokens_per_s": rate(t, pre + dec),
+        "output_tokens_per_s": rate(t, dec) + rate(first[np.isfinite(first)]),
+        "requests_per_s": rate(fin[np.isfinite(fin)]),
+    })
+
+
+# -- figures ------------------------------------------------------------------------------
+
+CDF_METRICS = (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_latency_s", "E2E latency (s)"),
+               ("queued_time_s", "queueing time (s)"))
+
+
+def cdf_figure(runs: list[RunData]) -> Any:
+    """2 x 2 CDFs of TTFT, TPOT, E2E latency and queueing time, runs overlaid."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in CDF_METRICS],
+                        vertical_spacing=0.14, horizontal_spacing=0.08)
+    for i, run in enumerate(runs):
+        colour = COLOURS[i % len(COLOURS)]
+        for j, (col, label) in enumerate(CDF_METRICS):
+            x, y = cdf_points(run.requests[col].to_numpy())
+            fig.add_trace(go.Scatter(
+                x=x, y=y, mode="lines", line={"color": colour, "shape": "hv"}, name=run.name,
+                legendgroup=run.name, showlegend=j == 0,
+                hovertemplate=f"{label} %{{x:.4g}}<br>fraction %{{y:.3f}}<extra>{run.name}</extra>",
+            ), row=j // 2 + 1, col=j % 2 + 1)
+    fig.update_yaxes(range=[0, 1.01], title_text="fraction of requests", col=1)
+    fig.update_layout(title="Latency distributions (empirical CDFs)", height=650,
+                      margin={"t": 80})
+    return fig
+
+
+TIMELINE_ROWS = (
+    ("batch size (seqs)", ("num_seqs",)),
+    ("tokens per step (prefill solid, decode dotted)",
+     ("num_prefill_tokens", "num_decode_tokens")),
+    ("KV cache usage", ("kv_usage",)),
+    ("waiting queue (requests)", ("num_waiting",)),
+    ("preemptions", ("num_preempted",)),
+)
+
+
+def timeline_figure(runs: list[RunData]) -> Any:
+    """The step timeline, one row per quantity, runs overlaid (bucketed when long)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=len(TIMELINE_ROWS), cols=1, shared_xaxes=True,
+                        subplot_titles=[t for t, _ in TIMELINE_ROWS], vertical_spacing=0.05)
+    bucketed = False
+    for i, run in enumerate(runs):
+        colour = COLOURS[i % len(COLOURS)]
+        usable = int(run.summary["kv_cache"]["num_gpu_blocks"]) - 1
+        for name, steps in _per_replica(run):
+            tl = timeline(steps, usable)
+            bucketed |= len(tl) < len(steps)
+            first = True
+            for r, (_, cols) in enumerate(TIMELINE_ROWS):
+                for c in cols:
+                    fig.add_trace(go.Scatter(
+                        x=tl["time"].to_numpy(), y=tl[c].to_numpy(), mode="lines", name=name,
+                        legendgroup=name, showlegend=first,
+                        line={"color": colour, "width": 1,
+                              "dash": "dot" if c == "num_decode_tokens" else "solid"},
+                        hovertemplate=f"{c} %{{y:.4g}} at %{{x:.3f}} s<extra>{name}</extra>",
+                    ), row=r + 1, col=1)
+                    first = False
+    fig.update_yaxes(tickformat=".0%", row=3, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=len(TIMELINE_ROWS), col=1)
+    note = (f"each point: one of {TIMELINE_POINTS:,} equal time buckets (duration-weighted "
+            "means; preemptions summed)" if bucketed else "one point per engine step")
+    fig.update_layout(title=f"Step timeline<br><sup>{note}</sup>", height=1100,
+                      margin={"t": 90})
+    return fig
+
+
+def _per_replica(run: RunData) -> list[tuple[str, pd.DataFrame]]:
+    """A run's steps, split by replica for a cluster run (its steps.csv has a
+    ``replica`` column): each engine's batch and KV cache is its own."""
+    steps = run.steps
+    if "replica" not in steps or steps["replica"].nunique() <= 1:
+        return [(run.name, steps)]
+    return [(f"{run.name} replica {k}", g) for k, g in steps.groupby("replica", sort=True)]
+
+
+def throughput_figure(runs: list[RunData]) -> Any:
+    """Token and request throughput over time, runs overlaid."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=["tokens/s (output solid, all computed dashed)",
+                                        "finished requests/s"])
+    for i, run in enumerate(runs):
+        colour = COLOURS[i % len(COLOURS)]
+        th = throughput(run.steps, run.requests)
+        x = th["time"].to_numpy()
+        for col, row, dash, show in (("output_tokens_per_s", 1, "solid", True),
+                                     ("total_tokens_per_s", 1, "dash", False),
+                                     ("requests_per_s", 2, "solid", False)):
+            fig.add_trace(go.Scatter(
+                x=x, y=th[col].to_numpy(), mode="lines", name=run.name, legendgroup=run.name,
+                showlegend=show, line={"color": colour, "dash": dash, "width": 1.5},
+                hovertemplate=f"{col} %{{y:,.1f}} at %{{x:.2f}} s<extra>{run.name}</extra>",
+            ), row=row, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
+    fig.update_layout(title=f"Throughput over time ({THROUGHPUT_BUCKETS} equal time buckets)",
+                      height=600, margin={"t": 80})
+    return fig
+
+
+def report_parts(runs: list[RunData]) -> list[str | Any]:
+    """The report, in order: tables and figures."""
+    names = ", ".join(html.escape(r.name) for r in runs)
+    head = "Comparison" if len(runs) > 1 else "Summary"
+    tables = [f"<div><h2>{head}</h2>"
+              + headline_table(runs, "comparison" if len(runs) > 1 else "summary") + "</div>"]
+    tables.append("<div>" + "".join(f"<h2>Latency: {html.escape(r.name)}</h2>"
+                                    + latency_table(r) for r in runs) + "</div>")
+    tables.append("<div><h2>Configuration</h2>" + config_table(runs)
+                  + "<p class=\"note\">settings left unset in every run are not listed; "
+                  "changed settings are highlighted</p></div>")
+    parts: list[str | Any] = [f"<p>runs: {names}</p>", '<div class="row">', *tables, "</div>"]
+    figs = report_figures(runs)
+    parts += ["<h2>Latency CDFs</h2>", figs[0], "<h2>Step timeline</h2>", figs[1],
+              "<h2>Throughput over time</h2>", figs[2]]
+    return parts
+
+
+def report_figures(runs: list[RunData]) -> list[Any]:
+    return [cdf_figure(runs), timeline_figure(runs), throughput_figure(runs)]
+
+
+def write_report(paths: Sequence[Path], out: Path) -> int:
+    """Load the runs, write the report to ``out`` and return its size in bytes."""
+    runs = load_runs(paths)
+    text = page("servesim report", report_parts(runs))
+    out = Path(out)
+    write_files(out.parent, {out.name: lambda: text})
+    return len(text.encode("utf-8"))
+
+
+def kaleido_missing() -> str | None:
+    """None when plotly can export PNG here, else a one-line reason."""
+    if importlib.util.find_spec("kaleido") is None:
+        return "PNG export needs kaleido, which is not installed (pip install kaleido)"
+    return None
+
+
+def write_pngs(figs: Sequence[Any], out: Path) -> list[Path]:
+    """Write each figure as ``out`` (one figure) or ``out-1.png``, ``out-2.png``, ...
+    Raises ValueError with a one-line reason when kaleido is missing or fails."""
+    reason = kaleido_missing()
+    if reason:
+        raise ValueError(reason)
+    out = Path(out)
+    paths = [out] if len(figs) == 1 else [
+        out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}") for i in range(len(figs))]
+    for fig, p in zip(figs, paths, strict=True):
+        try:
+            fig.write_image(str(p), width=1400, height=fig.layout.height or 700)
+        except Exception as e:  # kaleido's errors vary by version; report them in one line
+            raise ValueError(f"PNG export failed: {e}".splitlines()[0]) from e
+    return paths

@@ -1,0 +1,207 @@
+"""HTML pages for ``servesim sweep`` (sweep.html) and ``servesim plan`` (capacity.html):
+plotly figures, plotly.js inlined once per page so the page works offline, plain tables.
+plotly is imported only inside these functions (the simulator never needs it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import itertools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.app.runs.out_dir import write_files
+from sim.app.runs.runner import RunConfig
+from sim.app.runs.sweep import Grid, aggregate
+
+MAX_FACETS = 12
+"""Most heatmaps drawn per metric (the remaining axis combinations are left out)."""
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1200px;color:#222;padding:0 1em}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0 1.5em}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3}
+.answer{background:#eef6ee;border-left:4px solid #3a3;padding:.6em 1em;font-size:15px}
+.warn{background:#fff4e5;border-left:4px solid #e90;padding:.4em 1em}
+code{background:#f5f5f5;padding:0 3px}
+"""
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    """A whole HTML document: ``title``, plotly.js inline in the head, then ``body``."""
+    from plotly.offline import get_plotlyjs
+
+    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+            f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
+            f"<h1>{html.escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def fig_html(fig: Any) -> str:
+    """One figure as a div (plotly.js is already on the page)."""
+    return str(fig.to_html(full_html=False, include_plotlyjs=False,
+                           config={"displaylogo": False, "responsive": True}))
+
+
+def table_html(df: pd.DataFrame, digits: int = 4) -> str:
+    """A plain HTML table; floats to ``digits`` significant digits, missing as '-'."""
+    def fmt(x: Any) -> str:
+        if isinstance(x, bool):
+            return "YES" if x else "no"
+        if isinstance(x, float):
+            return "-" if x != x else f"{x:.{digits}g}"
+        return html.escape(str(x))
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
+    return (f"<div style='overflow-x:auto'><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>")
+
+
+def _label(keys: Sequence[str], values: Sequence[Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "all"
+
+
+def latency_curves(agg: pd.DataFrame, load_axis: str | None, groups: list[str],
+                   slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> Any:
+    """Throughput-latency curves: p99 TTFT and p99 TPOT (ms) against throughput (req/s),
+    one line per combination of ``groups`` along the load axis; saturated points as x."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("p99 TTFT (ms)", "p99 TPOT (ms)"))
+    grouped = agg.groupby(groups, sort=False) if groups else [((), agg)]
+    palette = qualitative.Plotly
+    for i, (key, sub) in enumerate(grouped):
+        color = palette[i % len(palette)]
+        key = key if isinstance(key, tuple) else (key,)
+        if load_axis is not None:
+            sub = sub.sort_values(load_axis)
+        name = _label(groups, key)
+        symbols = ["x" if s else "circle" for s in sub["saturated"]]
+        hover = [f"{load_axis}={v}" if load_axis else "" for v in
+                 (sub[load_axis] if load_axis else [None] * len(sub))]
+        hover = [h + (" SATURATED" if s else "") for h, s in zip(hover, sub["saturated"],
+                                                                  strict=True)]
+        for col, metric in ((1, "ttft_p99_s"), (2, "tpot_p99_s")):
+            fig.add_trace(go.Scatter(
+                x=sub["throughput_rps"], y=sub[metric] * 1e3, mode="lines+markers", name=name,
+                legendgroup=name, showlegend=col == 1, text=hover, line={"color": color},
+                marker={"symbol": symbols, "size": 9, "color": color}), row=1, col=col)
+    for col, slo in ((1, slo_ttft_s), (2, slo_tpot_s)):
+        if slo is not None:
+            fig.add_hline(y=slo * 1e3, line_dash="dash", line_color="red", row=1, col=col)
+    fig.update_xaxes(title_text="throughput (req/s)")
+    fig.update_layout(height=450, margin={"t": 40})
+    return fig
+
+
+def heatmaps(agg: pd.DataFrame, x: str, y: str, facets: list[str],
+             metrics: Sequence[tuple[str, str, float]]) -> list[tuple[str, Any]]:
+    """(caption, figure) per facet value combination: one heatmap per metric (column,
+    label, scale) over axes ``x`` and ``y``; saturated cells say SAT."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    out: list[tuple[str, Any]] = []
+    values = [sorted(agg[f].unique()) for f in facets]
+    for combo in itertools.islice(itertools.product(*values), MAX_FACETS):
+        sub = agg
+        for f, v in zip(facets, combo, strict=True):
+            sub = sub[sub[f] == v]
+        if sub.empty:
+            continue
+        fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[m[1] for m in metrics],
+                            horizontal_spacing=0.08)
+        for i, (col, label, scale) in enumerate(metrics, start=1):
+            z = sub.pivot_table(index=y, columns=x, values=col, aggfunc="mean") * scale
+            sat = sub.pivot_table(index=y, columns=x, values="saturated", aggfunc="max")
+            text = [[("-" if v != v else f"{v:.3g}") + (" SAT" if s else "")
+                     for v, s in zip(zr, sr, strict=True)]
+                    for zr, sr in zip(z.to_numpy(), sat.reindex_like(z).fillna(False).to_numpy(),
+                                      strict=True)]
+            fig.add_trace(go.Heatmap(
+                z=z.to_numpy(), x=[str(c) for c in z.columns], y=[str(r) for r in z.index],
+                text=text, texttemplate="%{text}", colorscale="Viridis", showscale=False,
+                hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{label}=%{{z:.4g}}<extra></extra>"),
+                row=1, col=i)
+            fig.update_xaxes(title_text=x, type="category", row=1, col=i)
+            fig.update_yaxes(title_text=y, type="category", row=1, col=i)
+        fig.update_layout(height=380, margin={"t": 40})
+        out.append((_label(facets, combo), fig))
+    return out
+
+
+def sweep_page(df: pd.DataFrame, grid: Any, base: Any, elapsed_s: float | None) -> str:
+    """sweep.html: what was swept, throughput-latency curves, heatmaps, the table."""
+    axes = list(grid.axes)
+    agg = aggregate(df, axes)
+    load = grid.load_axis
+    varied = [a for a in axes if len(grid.axes[a]) > 1]
+    others = [a for a in varied if a != load]
+    body = [f"<p>{len(df)} runs: {len(grid.cells())} cells x {len(grid.seeds)} seed(s) "
+            f"{list(grid.seeds)}; model <code>{html.escape(base.model)}</code> on "
+            f"<code>{html.escape(base.gpu)}</code>, workload "
+            f"<code>{html.escape(str(base.trace or base.scenario or 'default scenario'))}"
+            f"</code>, {base.num_requests or 'all'} requests per run"
+            + (f"; {elapsed_s:.1f} s wall time" if elapsed_s is not None else "") + ". "
+            "Every cell replays the same seeded workload (common random numbers). Metrics are "
+            "means over seeds; a cell is SATURATED (x markers, SAT) when any seed's queue "
+            "grew without bound (its latency percentiles are not steady-state).</p>"]
+    errors = df[df["error"] != ""]
+    if len(errors):
+        body.append(f"<p class='warn'>{len(errors)} run(s) could not run; see the error "
+                    "column of sweep.csv (first: " + html.escape(errors["error"].iloc[0])
+                    + ")</p>")
+    if agg.empty:
+        return page("servesim sweep", body)
+    body.append("<h2>Throughput and latency</h2>")
+    body.append(fig_html(latency_curves(agg, load, others, base.slo_ttft, base.slo_tpot)))
+    body.extend(_heatmap_sections(agg, load, varied, base))
+    body.append("<h2>All cells (mean over seeds)</h2>")
+    cols = ["cell", *axes, "seeds", "throughput_rps", "ttft_p50_s", "ttft_p99_s",
+            "tpot_p99_s", "e2e_p99_s", "goodput_rps", "kv_peak_usage", "saturated"]
+    body.append(table_html(agg[[c for c in cols if c in agg.columns]]))
+    return page("servesim sweep", body)
+
+
+def _heatmap_sections(agg: pd.DataFrame, load: str | None, varied: list[str],
+                      base: Any) -> list[str]:
+    non_load = [a for a in varied if a != load]
+    if len(non_load) >= 2:
+        x, y = non_load[0], non_load[1]
+    elif len(non_load) == 1 and load in varied:
+        x, y = non_load[0], load
+    else:
+        return []
+    facets = [a for a in varied if a not in (x, y)]
+    metrics: list[tuple[str, str, float]] = [
+        ("throughput_rps", "throughput (req/s)", 1.0), ("ttft_p99_s", "p99 TTFT (ms)", 1e3),
+        ("tpot_p99_s", "p99 TPOT (ms)", 1e3)]
+    if base.slo_ttft is not None or base.slo_tpot is not None:
+        metrics.append(("goodput_rps", "goodput (req/s)", 1.0))
+    out = ["<h2>Heatmaps</h2>"]
+    for caption, fig in heatmaps(agg, x, y, facets, metrics):
+        out.append(f"<h3>{html.escape(caption)}</h3>" + fig_html(fig))
+    return out
+
+
+def write_sweep(out_dir: Path, df: pd.DataFrame, base: RunConfig, grid: Grid,
+                elapsed_s: float | None = None) -> list[Path]:
+    """sweep.csv (every row), sweep.json (the base config and the grid, to reproduce it)
+    and sweep.html (heatmaps and throughput-latency curves), all three or none
+    (sim/app/runs/out_dir.py write_files); returns the paths."""
+    info = {"base": dataclasses.asdict(base), "axes": {k: list(v) for k, v in grid.axes.items()},
+            "seeds": list(grid.seeds), "num_cells": len(grid.cells()), "num_rows": len(df)}
+    return write_files(out_dir, {
+        "sweep.csv": lambda: df.to_csv(index=False),
+        "sweep.json": lambda: json.dumps(info, indent=2) + "\n",
+        "sweep.html": lambda: sweep_page(df, grid, base, elapsed_s)})

@@ -1,0 +1,194 @@
+"""The probe and the load search of ``servesim plan`` (sim/app/runs/plan.py): one simulation
+judged against the SLOs, and the search over load for one (config, seed), bracketing then
+bisecting the boundary between feasible and infeasible loads (method: docs/capacity.md).
+Both are top-level functions so that workers (sim/app/runs/backends.py) can run them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.engine import SchedulerStuck
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
+
+MIN_RATE = 1e-3
+"""The lowest rate (req/s) a search probes."""
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency objectives at a percentile: ``percentile``% of requests must have TTFT <=
+    ttft_s and (separately) TPOT <= tpot_s. ValueError naming the field when invalid."""
+
+    ttft_s: float | None
+    tpot_s: float | None
+    percentile: float = 99.0
+
+    def __post_init__(self) -> None:
+        if self.ttft_s is None and self.tpot_s is None:
+            raise ValueError("a plan needs at least one SLO: slo_ttft or slo_tpot")
+        for name in ("ttft_s", "tpot_s"):
+            v = getattr(self, name)
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"slo_{name[:-2]} must be a finite number > 0 seconds, got {v}")
+        if not 0 < self.percentile <= 100:
+            raise ValueError(f"slo_percentile must be in (0, 100], got {self.percentile}")
+
+    def describe(self) -> str:
+        parts = []
+        if self.ttft_s is not None:
+            parts.append(f"p{self.percentile:g} TTFT <= {self.ttft_s:g} s")
+        if self.tpot_s is not None:
+            parts.append(f"p{self.percentile:g} TPOT <= {self.tpot_s * 1e3:g} ms")
+        return " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One simulation judged against the SLOs. load: req/s (rate) or users (concurrency);
+    attainments: fraction of all requests meeting each SLO; p_ttft_s / p_tpot_s: the
+    percentile over finished requests (as summary.json)."""
+
+    load: float
+    seed: int
+    replicas: int = 1
+    throughput_rps: float = 0.0
+    ttft_attainment: float = 0.0
+    tpot_attainment: float = 0.0
+    p_ttft_s: float | None = None
+    p_tpot_s: float | None = None
+    p50_ttft_s: float | None = None
+    e2e_mean_s: float | None = None
+    saturated: bool = False
+    feasible: bool = False
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeTask:
+    """A probe to run in a worker: the config (load, seed and replicas set) and the SLO."""
+
+    config: RunConfig
+    slo: SLO
+    load_axis: str
+
+
+def with_load(cfg: RunConfig, load_axis: str, load: float, seed: int) -> RunConfig:
+    """``cfg`` at one load and seed: Poisson (or the base's gamma) at ``load`` req/s, or
+    ``load`` closed-loop users."""
+    if load_axis == "concurrency":
+        return dataclasses.replace(cfg, concurrency=int(load), rate=None, arrival=None,
+                                   burstiness=None, seed=seed)
+    arrival = "gamma" if cfg.burstiness is not None else "poisson"
+    return dataclasses.replace(cfg, rate=float(load), arrival=arrival, concurrency=None,
+                               seed=seed)
+
+
+def run_probe(task: ProbeTask) -> Probe:
+    """Simulate ``task.config`` and judge it (top-level: runs in workers)."""
+    cfg, slo = task.config, task.slo
+    raw = cfg.concurrency if task.load_axis == "concurrency" else cfg.rate
+    load, seed, replicas = float(raw or 0.0), cfg.seed, cfg.replicas
+    try:
+        result = simulate_prepared(prepare(cfg))
+    except (ValueError, FileNotFoundError, SchedulerStuck) as e:
+        return Probe(load, seed, replicas, error=str(e))
+    req, s = result.requests, result.summary
+    ttft, tpot = req["ttft_s"].to_numpy(), req["tpot_s"].to_numpy()
+    done = req["status"].to_numpy() == "finished"
+    att_ttft = float(np.mean(done & (ttft <= slo.ttft_s))) if slo.ttft_s is not None else 1.0
+    att_tpot = (float(np.mean(done & ~(tpot > slo.tpot_s))) if slo.tpot_s is not None
+                else 1.0)
+    need = slo.percentile / 100.0
+    fin_ttft, fin_tpot = ttft[done], tpot[done]
+    fin_tpot = fin_tpot[np.isfinite(fin_tpot)]
+    return Probe(
+        load, seed, replicas, throughput_rps=s["throughput"]["requests_per_s"],
+        ttft_attainment=att_ttft, tpot_attainment=att_tpot,
+        p_ttft_s=_percentile(fin_ttft, slo.percentile),
+        p_tpot_s=_percentile(fin_tpot, slo.percentile),
+        p50_ttft_s=s["ttft_s"]["p50"], e2e_mean_s=s["e2e_latency_s"]["mean"],
+        saturated=bool(s["saturated"]),
+        feasible=(att_ttft >= need - 1e-12 and att_tpot >= need - 1e-12
+                  and not s["saturated"]),
+    )
+
+
+def _percentile(values: np.ndarray, p: float) -> float | None:
+    return float(np.percentile(values, p)) if values.size else None
+
+
+@dataclass(frozen=True)
+class SearchTask:
+    """The load search for one (config, seed)."""
+
+    config_index: int
+    config: RunConfig
+    seed: int
+    slo: SLO
+    load_axis: str = "rate"
+    start: float = 1.0
+    tolerance: float = 0.02
+    max_probes: int = 16
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Every probe of one search; sustainable = the highest feasible load found (0 when
+    none), upper = the lowest infeasible one (None when never reached)."""
+
+    config_index: int
+    seed: int
+    probes: tuple[Probe, ...]
+    sustainable: float
+    sustainable_throughput: float
+    upper: float | None
+    error: str = ""
+
+
+def search(task: SearchTask) -> SearchResult:
+    """Bracket (doubling / halving from task.start) then bisect the load (top-level: runs
+    in workers). Concurrency is searched over integers."""
+    integer = task.load_axis == "concurrency"
+    lo: Probe | None = None
+    hi: Probe | None = None
+    probes: list[Probe] = []
+    load = max(1.0, round(task.start)) if integer else task.start
+    while len(probes) < task.max_probes:
+        p = run_probe(ProbeTask(with_load(task.config, task.load_axis, load, task.seed),
+                                task.slo, task.load_axis))
+        probes.append(p)
+        if p.error:
+            break
+        if p.feasible:
+            lo = p
+        else:
+            hi = p
+        nxt = _next_load(lo, hi, integer, task.tolerance)
+        if nxt is None:
+            break
+        load = nxt
+    error = probes[-1].error if probes and probes[-1].error else ""
+    return SearchResult(task.config_index, task.seed, tuple(probes),
+                        lo.load if lo else 0.0, lo.throughput_rps if lo else 0.0,
+                        hi.load if hi else None, error)
+
+
+def _next_load(lo: Probe | None, hi: Probe | None, integer: bool,
+               tolerance: float) -> float | None:
+    """The next load to probe, or None when the bracket is narrow enough (or the load
+    cannot go lower)."""
+    if lo is None:
+        assert hi is not None
+        nxt = math.floor(hi.load / 2) if integer else hi.load / 2
+        return None if nxt < (1 if integer else MIN_RATE) else nxt
+    if hi is None:
+        return lo.load * 2
+    if hi.load - lo.load <= max(tolerance * lo.load, 1.0 if integer else 0.0):
+        return None
+    mid = (lo.load + hi.load) / 2
+    return float(math.floor(mid)) if integer else mid
