@@ -1,5 +1,5 @@
 """Simulation speed with prefix caching on (block, radix) against off, on the Mooncake
-conversation replay: the issue-9 target is at most 2x the time of ``--prefix-cache none``.
+conversation replay, against the target of at most 2x the time of ``--prefix-cache none``.
 
 Prints figures (no assertions), two ways, each the best of ``--repeat`` runs with the
 modes interleaved (so a busy machine slows all alike):
@@ -10,7 +10,7 @@ modes interleaved (so a busy machine slows all alike):
   evictions;
 - end to end (``--end-to-end``, on by default for the whole trace): the wall time of a
   fresh ``servesim run --trace ... --prefix-cache MODE`` process, as benchmarks/speed.py
-  times the runs of issue 8 (start-up, loading and writing included); best and median of
+  times its runs (start-up, loading and writing included); best and median of
   the repeats, and each round's ratio (a round runs every mode once, back to back).
 
 docs/prefix_caching.md (Speed) gives today's figures and where the time goes.
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-TARGET = 2.0  # issue 9: a cache's time at most this many times none's
+TARGET = 2.0  # the target: a cache's time at most this many times none's
 
 
 def main() -> None:
@@ -92,13 +92,13 @@ def main() -> None:
 
 
 def verdict(what: str, times: dict[str, float]) -> None:
-    """One line: each cache's time against ``none``'s and issue 9's 2x."""
+    """One line: each cache's time against ``none``'s and the 2x target."""
     if "none" not in times:
         return
     ratios = ", ".join(f"{m} {t / times['none']:.2f}x" for m, t in times.items() if m != "none")
     met = all(t <= TARGET * times["none"] for t in times.values())
-    print(f"{what}: {ratios} of none; {'all within' if met else 'over'} issue 9's "
-          f"{TARGET:g}x")
+    print(f"{what}: {ratios} of none; {'all within' if met else 'over'} the "
+          f"{TARGET:g}x target")
 
 
 def end_to_end(args: argparse.Namespace, modes: list[str]) -> dict[str, list[float]]:

@@ -1,4 +1,4 @@
-"""Simulation speed against Vidur (issue 8): wall time including start-up, peak RSS,
+"""Simulation speed against Vidur: wall time including start-up, peak RSS,
 simulated engine steps per second and requests per second, printed as a table.
 
 Scenarios (run from the repo root; the traces live in ../shared/traces):

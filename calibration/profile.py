@@ -167,7 +167,9 @@ class ProfileCostModel:
     """CostModel over a profile: ``step_time(shape)`` in seconds for the whole model
     (per-layer coefficients scaled by profile.layer_scale). Plain float arithmetic, no
     numpy: it runs once per simulated step. Outside the measured grid it extrapolates the
-    fitted lines. Raises ValueError when the profile's fit was rejected."""
+    fitted lines. It prices a fast-path run step by step (it is no
+    ``sim.interface.BulkDecodePricer``). Raises ValueError when the profile's fit was
+    rejected."""
 
     __slots__ = ("_dctx", "_knot", "_lm_head", "_over", "_pairs", "_pctx", "_sampled",
                  "_seqs", "_step", "_tok", "profile")

@@ -162,7 +162,8 @@ class RooflineCostModel:
         the same order (bit-identical results), without building a BatchShape per step.
         With ``until``, stops before the first step after the first that would start at
         or after ``until`` when the first starts at ``start`` (the steps run back to
-        back). The engine's fast path uses it for runs of steady decode steps."""
+        back). The engine's fast path prices its runs of steady decode steps with it
+        (this makes the model a ``sim.interface.BulkDecodePricer``)."""
         tokens = num_decode_seqs
         if tokens == 0 or self._num_experts > 1:
             prices: list[float] = []

@@ -7,6 +7,10 @@ engine calls: ``add_request`` at arrival, ``schedule(now) -> BatchPlan`` before 
 ``on_step_end(done, now) -> released`` after it (the policy frees the blocks of requests it
 releases; the engine stamps their finish time). Optionally, ``rejection_reason(request)``
 returns why the policy can never serve a request (checked at arrival; None = accept).
+The engine's view and the optional hooks are the Protocols of sim/interface.py; the
+fast-path promises (``steady_decode``, ``attach_decode_group``) count only for the class
+that declares them and its subclasses that keep its schedule() and on_step_end()
+(``sim.interface.declares``; docs/policies.md).
 Policies may read a request's ``max_tokens`` but never its ``output_len`` (a workload fact
 no engine knows; only the ``oracle-srpt`` queue does, and says so in its name).
 """
@@ -20,19 +24,15 @@ from policies.queues import LPMQueue, make_queue
 from sim.batch import BatchPlan, BatchShape, SteadyDecode
 from sim.config import SchedulerConfig
 from sim.decode_group import DecodeGroup
-from sim.engine import Scheduler
+from sim.interface import Scheduler
 from sim.kv.block_pool import KVCacheManager
-from sim.kv.prefix_cache import PrefixCachingKV
+from sim.kv.prefix_cache import ComputedBlocks, PrefixCachingKV
 from sim.request import Request, RequestStatus
-
-#: ``prefix_hit``'s answer when admission certainly fails for lack of blocks (an empty
-#: hit, so a caller that does not look for it fails the admission as before).
-NO_FIT: list[int] = []
 
 
 @runtime_checkable
 class Policy(Scheduler, Protocol):
-    """What the engine calls (sim.engine.Scheduler), plus a name. See the module
+    """What the engine calls (sim.interface.Scheduler), plus a name. See the module
     docstring for the contract."""
 
     name: ClassVar[str]
@@ -104,14 +104,14 @@ class QueuePolicy:
         return n
 
     def blocks_needed(self, req: Request, num_new_tokens: int,
-                      hit: list[int] | None = None) -> int:
-        """New blocks ``allocate(req, num_new_tokens)`` would take from the free pool, or
-        ``allocate_cached(req, hit, num_new_tokens)`` when ``hit`` is given."""
+                      hit: ComputedBlocks | None = None) -> int:
+        """Blocks that admitting ``req`` for ``num_new_tokens`` tokens would take from the
+        free pool: by ``allocate``, or with ``hit`` (its prefix-cache hit) by
+        ``admit_allocating``, for the tokens after the hit."""
         if hit is not None:
             assert self.prefix_cache is not None
-            c = len(hit) * self.kv.block_size
-            return self.prefix_cache.num_new_blocks(
-                req, hit, self.target_tokens(req, c + num_new_tokens))
+            return self.prefix_cache.get_num_blocks_to_allocate(
+                req, self.target_tokens(req, hit.num_computed_tokens + num_new_tokens), hit)
         need = self.kv.blocks_for(self.target_tokens(req, num_new_tokens))
         return max(0, need - len(req.block_ids))
 
@@ -125,33 +125,20 @@ class QueuePolicy:
             return True  # the held blocks suffice (most decode steps): the hot path
         return self.kv.allocate_up_to(req, self.target_tokens(req, num_new_tokens)) is not None
 
-    # -- prefix caching (sim/kv/prefix_cache.py) --
-    def prefix_hit(self, req: Request, whole: bool = False, reserve: int = 0
-                   ) -> list[int] | None:
-        """The cached blocks a waiting request would reuse ([] for none), or None when
-        there is no prefix cache (then admit with ``allocate`` as always). ``whole``:
-        admission needs blocks for all its tokens plus ``reserve`` free; then
-        ``NO_FIT`` (an empty hit) when that certainly fails, without a lookup: the
-        admission fails all the same, so a caller may stop at once."""
-        cache = self.prefix_cache
-        if cache is None:
-            return None
-        # A prefix cache allocates paged: target_tokens(req, req.num_new_tokens) is
-        # num_tokens.
-        if whole and not cache.may_fit(req, req.num_prompt_tokens + req.num_output_tokens,
-                                       reserve):
-            return NO_FIT
-        return cache.get_computed_blocks(req)
-
-    def allocate_cached(self, req: Request, hit: list[int], num_new_tokens: int) -> bool:
-        """Admit ``req`` through the prefix cache: reuse ``hit`` (from ``prefix_hit``) and
-        allocate for ``num_new_tokens`` tokens after it; on success its
-        num_computed_tokens starts at the hit. False (nothing changes) when it does not
-        fit."""
-        assert self.prefix_cache is not None
-        c = len(hit) * self.kv.block_size
-        return self.prefix_cache.allocate_cached(req, hit,
-                                                 self.target_tokens(req, c + num_new_tokens))
+    # -- admission, through a prefix cache's hit when there is one (sim/kv/prefix_cache.py) --
+    def admit_allocating(self, req: Request, num_new_tokens: int,
+                         hit: ComputedBlocks | None) -> None:
+        """Admit ``req``, the head of waiting, its blocks for ``num_new_tokens`` tokens
+        after ``hit`` (the prefix cache's ``get_computed_blocks``; None without a cache)
+        found to fit by the policy's admission test: the cache's ``allocate_slots``, or
+        ``allocate``."""
+        if hit is None:
+            ok = self.allocate(req, num_new_tokens)
+        else:
+            assert self.prefix_cache is not None
+            ok = self.prefix_cache.allocate_slots(req, num_new_tokens, hit) is not None
+        assert ok, "the admission test checked the blocks"
+        self.admit(req)
 
     def order_waiting(self) -> None:
         """``--queue lpm``: sort waiting by cached prefix, once per step (SGLang's
@@ -264,8 +251,9 @@ class QueuePolicy:
         """The steady-decode promise of an iteration-level policy (chunked, continuous):
         nothing swapped, every running request one token from sampling, the token budget
         covering them all, and no waiting request admissible while they decode (none
-        waiting, or every slot taken). Policies opt in by exposing it as
-        ``steady_decode``; a subclass with other rules must not inherit it blindly."""
+        waiting, or every slot taken). A policy makes the promise by defining
+        ``steady_decode`` in the class that defines its schedule() (see
+        ``sim.interface.declares``)."""
         running = self.running
         n = len(running)
         cfg = self.config
@@ -328,7 +316,9 @@ class QueuePolicy:
         if group is None:
             return self.iteration_steady_decode()
         running = self.running
-        if group.members and running[-1] not in group and not group.can_join(running[-1], now):
+        # The group is a prefix of running: it holds the tail when it holds them all.
+        members = group.members
+        if members and len(members) < len(running) and not group.can_join(running[-1], now):
             return None  # the group cannot grow over the tail (a prefill, say): not steady
         if self.lpm and len(self.waiting):
             return None  # lpm re-sorts waiting every step (a stable sort: its history counts)
@@ -341,7 +331,7 @@ class QueuePolicy:
         # this promise (a run, or schedule(): no prefill can be admitted, nothing resumed),
         # so requests may join it even while a stall is pending.
         group.grow(running, now, stalled=True)
-        n = len(group)
+        n = len(members)
         if not n:
             return self.iteration_steady_decode()
         if n < len(running) or n > cfg.max_num_batched_tokens:

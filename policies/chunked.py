@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from policies.base import NO_FIT, QueuePolicy
+from policies.base import QueuePolicy
 from sim.batch import BatchPlan, SteadyDecode
 from sim.decode_group import DecodeGroup
+from sim.kv.prefix_cache import ComputedBlocks
 from sim.request import Request
 
 
@@ -44,16 +45,15 @@ class ChunkedPolicy(QueuePolicy):
         self.decode_group = group
 
     def steady_decode(self, now: float) -> SteadyDecode | None:
-        """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""
+        """The fast-path promise for this class's schedule(): runs of pure decode
+        steps may be advanced at once (sim/fastpath.py). A subclass that overrides
+        schedule() does not inherit it (sim.interface.declares)."""
         return self.group_steady_decode(now)
 
     def schedule(self, now: float) -> BatchPlan:
-        cfg = self.config
         if self.lpm:
             self.order_waiting()
-        threshold = cfg.long_prefill_token_threshold
-        if threshold and len(self.running) + len(self.waiting) <= 1:
-            threshold = 0
+        threshold = self._prefill_threshold()
         scheduled: dict[Request, int] = {}
         preempted: list[Request] = []
         budget, start = self.group_step(now)
@@ -100,61 +100,69 @@ class ChunkedPolicy(QueuePolicy):
             i += 1
         return budget
 
+    def _prefill_threshold(self) -> int:
+        """long_prefill_token_threshold as it applies now: only while more than one
+        request is running or waiting (0: no cap)."""
+        threshold = self.config.long_prefill_token_threshold
+        return threshold if len(self.running) + len(self.waiting) > 1 else 0
+
     def waiting_blocked(self, budget: int) -> bool:
-        """_schedule_waiting's first admission test, without its side effects: True when
-        it would stop at the head of waiting (a block shortage, or no budget). Neither
-        outcome can change while the free blocks only shrink; an lpm order can (its
-        head follows the cache), and a head that needs a lookup is not judged here."""
-        cfg, kv = self.config, self.kv
+        """The admission test of _schedule_waiting for the head of waiting, without its
+        side effects: True when it would not be admitted in the coming step (``budget``
+        tokens left after the running requests' decodes), which stays so while the free
+        blocks only shrink. Not judged (False): an lpm order, whose head follows the
+        cache, and with a prefix cache what needs a lookup, as a hit shrinks when decodes
+        evict cached blocks, which may let the head fit."""
         if self.lpm or not len(self.waiting):
             return False
-        if budget <= 0:
-            return True
         req = self.waiting.peek()
-        if self.prefix_cache is not None:
-            return cfg.scheduler_reserve_full_isl and not self.prefix_cache.may_fit(
-                req, req.num_prompt_tokens + req.num_output_tokens)
-        fits_all = kv.can_fit(req, req.num_tokens)
-        if cfg.scheduler_reserve_full_isl and not fits_all:
+        if not self._may_admit(req, budget):
             return True
-        if fits_all and cfg.kv_allocation == "paged":
-            return False  # its next chunk fits as well
-        n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-        threshold = cfg.long_prefill_token_threshold
-        if threshold and len(self.running) + len(self.waiting) > 1 and n > threshold:
-            n = threshold
-        n = min(n, budget)
-        if req.num_computed_tokens + n <= len(req.block_ids) * kv.block_size:
-            return False
-        return self.blocks_needed(req, n) > kv.num_free_blocks
+        return (self.prefix_cache is None
+                and self._admission(req, budget, self._prefill_threshold(), None) is None)
+
+    def _may_admit(self, req: Request, budget: int) -> bool:
+        """The admission test's part that needs no prefix-cache lookup: False when no
+        budget is left or, with scheduler_reserve_full_isl, the whole of ``req`` certainly
+        does not fit, whatever its hit (``PrefixCachingKV.may_fit``; without a cache
+        ``_admission`` judges that as cheaply)."""
+        cache = self.prefix_cache
+        return budget > 0 and (cache is None or not self.config.scheduler_reserve_full_isl
+                               or cache.may_fit(req, req.num_prompt_tokens
+                                                + req.num_output_tokens))
+
+    def _admission(self, req: Request, budget: int, threshold: int,
+                   hit: ComputedBlocks | None) -> int | None:
+        """The admission test, side-effect free, for ``req`` at the head of waiting with
+        ``budget`` > 0 tokens left and ``hit`` (its prefix-cache hit; None without a
+        cache): the tokens it is scheduled for (those after the hit, capped by
+        ``threshold`` and the budget), or None when it does not fit: the free blocks
+        must hold them or, with scheduler_reserve_full_isl, all of its tokens (a check,
+        not a reservation: vLLM's full_sequence_must_fit), which covers them."""
+        cached = hit.num_computed_tokens if hit is not None else 0
+        rest = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens - cached
+        n = min(threshold if threshold and rest > threshold else rest, budget)
+        must_fit = rest if self.config.scheduler_reserve_full_isl else n
+        if self.blocks_needed(req, must_fit, hit) > self.kv.num_free_blocks:
+            return None
+        return n
 
     def _schedule_waiting(
         self, scheduled: dict[Request, int], budget: int, threshold: int
     ) -> None:
-        cfg, kv, waiting = self.config, self.kv, self.waiting
-        while len(waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        """Admit waiting requests in queue order while max_num_seqs allows and the
+        admission test passes: each reuses its prefix-cache hit (vLLM's
+        get_computed_blocks, then allocate_slots) and is scheduled for its first chunk."""
+        cache, waiting = self.prefix_cache, self.waiting
+        max_num_seqs = self.config.max_num_seqs
+        while len(waiting) and len(self.running) < max_num_seqs:
             req = waiting.peek()
-            n = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-            hit = self.prefix_hit(req, cfg.scheduler_reserve_full_isl)  # None: no cache
-            if hit is NO_FIT:
+            if not self._may_admit(req, budget):
                 break
-            if hit:
-                n -= len(hit) * kv.block_size  # only the uncached tokens are computed
-            if threshold and n > threshold:
-                n = threshold
-            n = min(n, budget)
-            if hit is None:
-                if cfg.scheduler_reserve_full_isl and not kv.can_fit(req, req.num_tokens):
-                    break
-                if not self.allocate(req, n):
-                    break
-            else:
-                if (cfg.scheduler_reserve_full_isl and self.blocks_needed(
-                        req, req.num_tokens - len(hit) * kv.block_size, hit)
-                        > kv.num_free_blocks):
-                    break
-                if not self.allocate_cached(req, hit, n):
-                    break
-            self.admit(req)
+            hit = cache.get_computed_blocks(req) if cache is not None else None
+            n = self._admission(req, budget, threshold, hit)
+            if n is None:
+                break
+            self.admit_allocating(req, n, hit)
             scheduled[req] = n
             budget -= n

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from policies.base import NO_FIT, QueuePolicy
+from policies.base import QueuePolicy
 from sim.batch import BatchPlan, SteadyDecode
 from sim.decode_group import DecodeGroup
+from sim.kv.prefix_cache import ComputedBlocks
 from sim.request import Request
 
 #: Fraction of num_gpu_blocks kept free at admission (vLLM V0 CacheConfig default).
@@ -57,7 +58,9 @@ class ContinuousPolicy(QueuePolicy):
         self.decode_group = group
 
     def steady_decode(self, now: float) -> SteadyDecode | None:
-        """Runs of pure decode steps may be advanced at once (sim/fastpath.py)."""
+        """The fast-path promise for this class's schedule(): runs of pure decode
+        steps may be advanced at once (sim/fastpath.py). A subclass that overrides
+        schedule() does not inherit it (sim.interface.declares)."""
         return self.group_steady_decode(now)
 
     def schedule(self, now: float) -> BatchPlan:
@@ -78,38 +81,63 @@ class ContinuousPolicy(QueuePolicy):
         return self.make_plan(scheduled, preempted, self.decode_group if start else None)
 
     def waiting_blocked(self, budget: int) -> bool:
-        """_schedule_prefills' first admission test, without its side effects: True when
-        the head of waiting does not fit the free blocks less the watermark, which only
-        shrink while the running requests decode. An lpm order's head follows the cache,
-        so it is not judged here."""
+        """The admission test of _schedule_prefills for the head of waiting, without its
+        side effects: True when it does not fit the free blocks less the watermark,
+        which only shrink while the running requests decode (``budget`` does not
+        matter: a step's first prefill may take more). Not judged (False): an lpm
+        order, whose head follows the cache, and with a prefix cache what needs a
+        lookup, as a hit shrinks when decodes evict cached blocks, which may let the
+        head fit."""
         if self.lpm or not len(self.waiting):
             return False
         req = self.waiting.peek()
-        reserve = self.watermark_blocks if self.running else 0
-        if self.prefix_cache is not None:
-            return not self.prefix_cache.may_fit(
-                req, req.num_prompt_tokens + req.num_output_tokens, reserve)
-        return self.blocks_needed(req, req.num_new_tokens) + reserve > self.kv.num_free_blocks
+        if not self._may_admit(req):
+            return True
+        return (self.prefix_cache is None and self._admission(
+            req, self.config.max_num_batched_tokens, None, True) is None)
+
+    def _reserve(self) -> int:
+        """Blocks an admission leaves free: the watermark, while anything runs."""
+        return self.watermark_blocks if self.running else 0
+
+    def _may_admit(self, req: Request) -> bool:
+        """The admission test's part that needs no prefix-cache lookup: False when the
+        whole of ``req`` certainly does not fit the free blocks less the watermark,
+        whatever its hit (``PrefixCachingKV.may_fit``; without a cache ``_admission``
+        judges that as cheaply)."""
+        cache = self.prefix_cache
+        return cache is None or cache.may_fit(
+            req, req.num_prompt_tokens + req.num_output_tokens, self._reserve())
+
+    def _admission(self, req: Request, budget: int, hit: ComputedBlocks | None,
+                   first: bool) -> int | None:
+        """The admission test, side-effect free, for ``req`` at the head of waiting with
+        ``budget`` tokens left and ``hit`` (its prefix-cache hit; None without a cache):
+        the tokens it prefills (all after the hit), or None when they exceed the budget
+        (unless it is the step's ``first`` prefill) or do not fit the free blocks less
+        the watermark."""
+        n = req.num_new_tokens - (hit.num_computed_tokens if hit is not None else 0)
+        if n > budget and not first:
+            return None
+        if self.blocks_needed(req, n, hit) + self._reserve() > self.kv.num_free_blocks:
+            return None
+        return n
 
     def _schedule_prefills(self, scheduled: dict[Request, int]) -> None:
+        """Admit waiting requests in queue order, whole prompts, while max_num_seqs, the
+        token budget and the admission test allow; each reuses its prefix-cache hit
+        (vLLM's get_computed_blocks, then allocate_slots)."""
         budget = self.config.max_num_batched_tokens
-        waiting, kv = self.waiting, self.kv
+        cache, waiting = self.prefix_cache, self.waiting
         while len(waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = waiting.peek()
-            n = req.num_new_tokens
-            reserve = self.watermark_blocks if self.running else 0
-            hit = self.prefix_hit(req, True, reserve)  # None without a prefix cache
-            if hit is NO_FIT:
+            if not self._may_admit(req):
                 break
-            if hit:
-                n -= len(hit) * kv.block_size  # only the uncached tokens are computed
-            if n > budget and scheduled:
+            hit = cache.get_computed_blocks(req) if cache is not None else None
+            n = self._admission(req, budget, hit, not scheduled)
+            if n is None:
                 break
-            if self.blocks_needed(req, n, hit) + reserve > kv.num_free_blocks:
-                break
-            ok = self.allocate(req, n) if hit is None else self.allocate_cached(req, hit, n)
-            assert ok, "checked above"
-            self.admit(req)
+            self.admit_allocating(req, n, hit)
             scheduled[req] = n
             budget -= n
 

@@ -45,7 +45,7 @@ def get_policy_class(name: str) -> type:
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)} or module:Class")
 
 
-#: The methods the engine calls on a policy (sim.engine.Scheduler; num_waiting may be an
+#: The methods the engine calls on a policy (sim.interface.Scheduler; num_waiting may be an
 #: instance attribute, so it is not looked for on the class).
 _ENGINE_METHODS = ("add_request", "schedule", "on_step_end", "has_unfinished_requests",
                    "stuck_request")

@@ -43,8 +43,9 @@ class StaticPolicy(QueuePolicy):
         return BatchPlan(live, [], self.running, shape)
 
     def steady_decode(self, now: float) -> SteadyDecode | None:
-        """Between a batch's prefill and its first finish every step decodes the same
-        live members and charges the whole batch (sim/fastpath.py)."""
+        """The fast-path promise for this class's schedule(): between a batch's
+        prefill and its first finish every step decodes the same live members and
+        charges the whole batch (sim/fastpath.py)."""
         if not self.running:
             return None
         live = [r for r in self.running if r.status is RequestStatus.RUNNING]

@@ -81,10 +81,17 @@ def _from_scenario(spec: ScenarioSpec, arrival: str | None, rate: float | None,
                      burst_size=spec.burst_size)
     source = f"{spec.name}: {_process_label(arrival, rate, k)} x {spec.lengths.describe()}"
     workload = Workload.from_arrays(times, prompt, output, source=source)
-    if spec.prefix is not None:  # prompt content (issue 9), drawn after the lengths
+    if spec.prefix is not None:  # prompt content, drawn after the lengths
         workload = spec.prefix.apply(workload, length_rng)
         workload = dataclasses.replace(workload, source=f"{source} x {spec.prefix.describe()}")
     return workload.cut(None, window_s).with_max_tokens(spec.max_tokens)
+
+
+def _only_with_trace(**given: bool) -> None:
+    """Raise ValueError naming the first trace option given without a trace."""
+    for name, present in given.items():
+        if present:
+            raise ValueError(f"{name} applies only with a trace")
 
 
 def build_workload(
@@ -138,10 +145,7 @@ def build_workload(
                                num_requests, window_s, arrival_rng,
                                length_rng if trace_sample else None)
     else:
-        if trace_format is not None:
-            raise ValueError("trace_format applies only with a trace")
-        if trace_sample:
-            raise ValueError("trace_sample applies only with a trace")
+        _only_with_trace(trace_format=trace_format is not None, trace_sample=trace_sample)
         spec = get_scenario("default" if scenario is None else scenario)
         workload = _from_scenario(spec, arrival, rate, burstiness, num_requests, window_s,
                                   arrival_rng, length_rng)

@@ -1,4 +1,4 @@
-"""Shared-prefix workloads (issue 9): generators that give prompts a content, as the
+"""Shared-prefix workloads: generators that give prompts a content, as the
 (segment id, tokens) pairs a prefix cache reads (``Workload.prompt_segments``; see
 sim/kv/prefix_content.py), without materializing any token.
 

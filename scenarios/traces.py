@@ -1,6 +1,6 @@
 """Trace files: reading real request traces into a Workload, and writing servesim's own CSV.
 
-Owns the file formats (see ``/work/shared/traces/README.md``), detected from the first line:
+Owns the file formats (see ``../shared/traces/README.md``), detected from the first line:
 
 - ``servesim``: CSV with ``arrival_time`` (s), ``num_prompt_tokens``, ``output_len`` and
   optional ``max_tokens``, ``priority``, ``request_id``, ``hash_ids`` (space-separated ints),

@@ -109,11 +109,12 @@ def shape_of(scheduled: list[tuple[Request, int]], num_group_decodes: int = 0,
 
 @dataclass(frozen=True, slots=True)
 class SteadyDecode:
-    """A policy's promise about the steps ahead (its optional ``steady_decode()`` hook):
-    until a request finishes, a request arrives, or a block allocation would not fit,
-    every step schedules exactly one token for each of ``requests`` (in that order) and
-    nothing else, with ``holders`` holding the slots, and is priced as the decode-only
-    ``shape`` whose ``decode_context_tokens`` grows by ``context_growth`` per step.
+    """A policy's promise about the steps ahead (its optional ``steady_decode()`` hook,
+    sim.interface.SteadyDecoder): until a request finishes, a request arrives, or a
+    block allocation would not fit, every step schedules exactly one token for each of
+    ``requests`` (in that order) and nothing else, with ``holders`` holding the slots,
+    and is priced as the decode-only ``shape`` whose ``decode_context_tokens`` grows by
+    ``context_growth`` per step.
     The engine may then advance many such steps at once (sim/fastpath.py). With
     ``group`` set, ``requests`` are that DecodeGroup's members (lazily advanced)."""
 

@@ -1,40 +1,24 @@
-"""Several identical engines behind a router, in one SimPy environment.
+"""Several identical engines behind a router, in one SimPy environment: the mechanism.
 
-Owns the Router (which replica gets each request, decided at the request's arrival time
-from the replicas' state at that time), each replica's inbox (the ArrivalSource its engine
-pulls from) and the merge of per-replica records into one run.
+Owns each replica's router-side state (``Replica``: inbox, pool, recorder, counters; the
+``sim.interface.ReplicaView`` a router reads), the routing instants (``Dispatcher``), each
+replica's inbox (the ArrivalSource its engine pulls from) and the merge of per-replica
+records into one run. Which replica gets a request is the injected router's decision
+(``sim.interface.Router``; the built-in ones are in policies/routers.py), taken at the
+request's arrival time from the replicas' state at that time.
 
-How arrivals flow. The router holds the run's one arrival source. It routes every request
-with arrival_time <= now whenever either (a) its own timer fires at the next arrival time,
-or (b) any replica's engine pulls from its inbox; (b) makes routing independent of the
-order SimPy happens to process simultaneous events, so an arrival at the very instant a
-step ends is seen by that step's successor, exactly as with one engine. The timer is
-urgent: at an arrival time it fires before any engine applies a step ending then, so
-the router decides from a well-defined state (every step that ended before applied, none
-that ends then), which the engines' fast path reproduces (sim/engine.py). An idle engine
-waits on a wake event (the engine's ``wake`` hook) that the router fires when it routes a
-request to it. Closed-loop clients work the same way: a release schedules the user's next
-request in the source, and the router is told to set its timer.
-
-Routers (ties always go to the replica routed to least so far, then the lowest index, so a
-run is deterministic):
-
-- ``round-robin``: request i goes to replica i mod N, whatever their state.
-- ``least-outstanding``: fewest requests routed and not yet finished or rejected.
-- ``least-kv``: lowest KV load = (blocks in use + blocks the prompts routed but not yet
-  started will need) / usable blocks, i.e. the engine's KV-usage gauge plus what the
-  router knows it has queued there.
-- ``cache-aware`` (needs a prefix cache): the SGLang model gateway's ``cache_aware``
-  policy, reading each replica's cache itself: least-outstanding while the load is
-  imbalanced (the BALANCE thresholds below), else the replica whose cache holds the
-  longest prefix of the prompt when that covers more than CACHE_THRESHOLD of it, else
-  least-kv.
-- ``cache-aware-approx``: the SGLang router's ``cache_aware`` as it ships, with its
-  approximate tree (sim/router_tree.py) of the prompts it routed instead of the caches
-  themselves: the same load guard (routing by load inserts the prompt too), else the
-  replica holding the longest routed prefix when that covers more than CACHE_THRESHOLD
-  of the prompt, else the replica whose tree is smallest; the prompt is then recorded
-  under the chosen replica. Needs no cache to run (it decides where prefixes would be).
+How arrivals flow. The dispatcher holds the run's one arrival source. It routes every
+request with arrival_time <= now whenever either (a) its own timer fires at the next
+arrival time, or (b) any replica's engine pulls from its inbox; (b) makes routing
+independent of the order SimPy happens to process simultaneous events, so an arrival at
+the very instant a step ends is seen by that step's successor, exactly as with one
+engine. The timer is urgent: at an arrival time it fires before any engine applies a step
+ending then, so the router decides from a well-defined state (every step that ended
+before applied, none that ends then), which the engines' fast path reproduces
+(sim/engine.py). An idle engine waits on a wake event (the engine's ``wake`` hook) that
+the dispatcher fires when it routes a request to it. Closed-loop clients work the same
+way: a release schedules the user's next request in the source, and the dispatcher is
+told to set its timer.
 
 With ``--prefix-cache`` each replica has its own cache; the summary's ``prefix_cache``
 sums their statistics, and each per-replica summary has its own.
@@ -54,32 +38,22 @@ import simpy
 
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
-from sim.engine import Engine, ReleaseHook, Scheduler
+from sim.engine import Engine, ReleaseHook
+from sim.interface import Router, RouterStart, Scheduler
 from sim.kv.block_pool import KVCacheManager
 from sim.kv.factory import make_kv
 from sim.kv.prefix_cache import PrefixCachingKV, cache_summary
-from sim.kv.prefix_content import Segments, unique_segment_id
 from sim.latency_stats import ItlSamples
 from sim.metrics import Recorder, summarize
 from sim.request import Request
-from sim.router_tree import ApproxPrefixTree, prompt_path
 from sim.simulate import SimResult, progress_slices
 from sim.source import ArrivalSource, ClosedLoopArrivals
-
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cache-aware",
-           "cache-aware-approx")
-# cache-aware: the values the SGLang model gateway (SMG) documents for its cache_aware
-# policy (docs/getting-started/load-balancing.md): route by load when the busiest and
-# the idlest replica differ by more than 64 outstanding requests and by more than 1.5x;
-# otherwise to the longest cached prefix if it covers more than 0.3 of the prompt.
-CACHE_THRESHOLD = 0.3
-BALANCE_ABS_THRESHOLD = 64
-BALANCE_REL_THRESHOLD = 1.5
 
 
 @dataclass(slots=True, eq=False)
 class Replica:
-    """One engine's router-side state: its inbox, pool, recorder and counters."""
+    """One engine's router-side state: its inbox, pool, recorder and counters. Routers
+    read it as a ``sim.interface.ReplicaView``."""
 
     index: int
     kv: KVCacheManager
@@ -95,6 +69,16 @@ class Replica:
         """Requests routed here and not yet finished or rejected."""
         return len(self.routed) - self.recorder.num_requests
 
+    @property
+    def num_routed(self) -> int:
+        """Requests routed here so far."""
+        return len(self.routed)
+
+    @property
+    def has_prefix_cache(self) -> bool:
+        """Whether the pool is a prefix cache."""
+        return isinstance(self.kv, PrefixCachingKV)
+
     def kv_load(self) -> float:
         """(blocks in use + prompt blocks of requests not yet started) / usable blocks."""
         q = self.not_started
@@ -103,13 +87,26 @@ class Replica:
         used = self.kv.num_used_blocks + self.not_started_blocks
         return used / max(self.kv.num_usable_blocks, 1)
 
+    def prefix_hit_tokens(self, request: Request) -> int:
+        """Tokens of ``request``'s prompt the prefix cache holds now (0 without one),
+        recording nothing for it."""
+        kv = self.kv
+        return kv.peek_hit_tokens(request) if isinstance(kv, PrefixCachingKV) else 0
+
+    def receive(self, request: Request) -> None:
+        """Take ``request`` into the inbox and the counters the router reads."""
+        self.inbox.append(request)
+        self.routed.append(request.index)
+        self.not_started.append(request)
+        self.not_started_blocks += self.kv.blocks_for(request.num_prompt_tokens)
+
 
 class _UrgentTimeout(simpy.events.Event):
     """A timeout processed before every ordinary event of its instant (SimPy's URGENT
-    priority, as its own process-start events use): the router routes at an arrival
-    time before any engine applies a step ending then, so the state it reads there is
-    well defined (every step ending before applied, none ending then), whatever order
-    SimPy gives the engines' simultaneous events."""
+    priority, as its own process-start events use): the dispatcher routes at an arrival
+    time before any engine applies a step ending then, so the state the router reads
+    there is well defined (every step ending before applied, none ending then), whatever
+    order SimPy gives the engines' simultaneous events."""
 
     def __init__(self, env: simpy.Environment, delay: float) -> None:
         super().__init__(env)
@@ -121,10 +118,10 @@ class _UrgentTimeout(simpy.events.Event):
 class Inbox:
     """The ArrivalSource one replica's engine pulls from: what the router sent it."""
 
-    __slots__ = ("_replica", "_router")
+    __slots__ = ("_dispatcher", "_replica")
 
-    def __init__(self, router: Router, replica: Replica) -> None:
-        self._router = router
+    def __init__(self, dispatcher: Dispatcher, replica: Replica) -> None:
+        self._dispatcher = dispatcher
         self._replica = replica
 
     def next_arrival_time(self) -> float | None:
@@ -132,12 +129,12 @@ class Inbox:
         return q[0].arrival_time if q else None
 
     def next_routing_time(self) -> float | None:
-        """The router's next routing instant (its source's next arrival): the engine's
+        """The next routing instant (the run's source's next arrival): the engine's
         steady runs end before it."""
-        return self._router.source.next_arrival_time()
+        return self._dispatcher.source.next_arrival_time()
 
     def pop_arrived(self, now: float) -> list[Request]:
-        self._router.advance(now)
+        self._dispatcher.advance(now)
         q = self._replica.inbox
         out: list[Request] = []
         while q and q[0].arrival_time <= now:
@@ -145,33 +142,27 @@ class Inbox:
         return out
 
 
-class Router:
-    """Routes each arrival of ``source`` to one of ``replicas`` by ``policy`` (ROUTERS).
-    ``segments``: a request's prompt as segments, for cache-aware-approx (default: its
-    ``prompt_segments``, else a segment of its own).
+class Dispatcher:
+    """Routes each arrival of ``source`` to the replica of ``replicas`` that ``router``
+    chooses, at the routing instants (module docstring), and wakes idle engines.
 
-    Raises ValueError naming router for an unknown policy.
+    Raises ValueError when ``router`` is no ``sim.interface.Router`` or its ``start``
+    refuses the replicas, and when a choice is not a replica's index.
     """
 
     def __init__(self, env: simpy.Environment, source: ArrivalSource,
-                 replicas: list[Replica], policy: str,
-                 segments: Callable[[Request], Segments] | None = None) -> None:
-        if policy not in ROUTERS:
-            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {policy!r}")
-        if policy == "cache-aware" and not all(isinstance(r.kv, PrefixCachingKV)
-                                               for r in replicas):
-            raise ValueError("router cache-aware needs a prefix cache (prefix_cache block "
-                             "or radix)")
+                 replicas: list[Replica], router: Router) -> None:
+        if not isinstance(router, Router):
+            raise ValueError(f"router must have choose(request, replicas, now) -> index "
+                             f"(sim.interface.Router), got {router!r}")
+        if isinstance(router, RouterStart):
+            router.start(replicas)
         self.env = env
         self.source = source
         self.replicas = replicas
-        self.policy = policy
-        self._count = 0
+        self.router = router
         self._timer_at: float | None = None
         self._closed = source if isinstance(source, ClosedLoopArrivals) else None
-        self._segments = segments or _own_segments
-        self._tree = (ApproxPrefixTree(len(replicas)) if policy == "cache-aware-approx"
-                      else None)
 
     def exhausted(self) -> bool:
         """No request is left to route, now or later."""
@@ -181,24 +172,22 @@ class Router:
 
     def advance(self, now: float) -> None:
         """Route every request that has arrived by ``now``; wake idle engines it reaches."""
-        if self._tree is not None:
-            self._tree.evict_due(now)
+        reps = self.replicas
         for req in self.source.pop_arrived(now):
-            rep = self._choose(req)
-            self._count += 1
-            rep.inbox.append(req)
-            rep.routed.append(req.index)
-            rep.not_started.append(req)
-            rep.not_started_blocks += rep.kv.blocks_for(req.num_prompt_tokens)
-            self._wake(rep)
+            i = self.router.choose(req, reps, now)
+            if not 0 <= i < len(reps):
+                raise ValueError(f"router {self.router!r} chose replica {i!r} for request "
+                                 f"{req.request_id!r}; replicas are 0..{len(reps) - 1}")
+            reps[i].receive(req)
+            self._wake(reps[i])
         if self.exhausted():
-            for rep in self.replicas:
+            for rep in reps:
                 self._wake(rep)  # no more work: let idle engines finish
         else:
             self.set_timer()
 
     def set_timer(self) -> None:
-        """Make sure the router wakes at the source's next arrival time."""
+        """Make sure the dispatcher wakes at the source's next arrival time."""
         nxt = self.source.next_arrival_time()
         if nxt is None or (self._timer_at is not None and self._timer_at <= nxt):
             return
@@ -225,98 +214,49 @@ class Router:
             event, rep.waking = rep.waking, None
             event.succeed()
 
-    def _choose(self, req: Request) -> Replica:
-        reps = self.replicas
-        if self._tree is not None:
-            return self._choose_approx(req, self._tree)
-        if self.policy == "round-robin":
-            return reps[self._count % len(reps)]
-        if self.policy == "least-outstanding" or (
-                self.policy == "cache-aware" and self._imbalanced()):
-            return min(reps, key=lambda r: (r.outstanding, len(r.routed), r.index))
-        if self.policy == "cache-aware":
-            hits = [r.kv.peek_hit_tokens(req) for r in reps]  # type: ignore[attr-defined]
-            best = min(reps, key=lambda r: (-hits[r.index], r.outstanding, len(r.routed),
-                                            r.index))
-            if hits[best.index] > CACHE_THRESHOLD * req.num_prompt_tokens:
-                return best
-        return min(reps, key=lambda r: (r.kv_load(), r.outstanding, len(r.routed), r.index))
-
-    def _choose_approx(self, req: Request, tree: ApproxPrefixTree) -> Replica:
-        """cache-aware-approx (sgl-router ``CacheAwarePolicy::select_worker``): by load
-        when imbalanced, else by the tree's longest match above CACHE_THRESHOLD (its
-        holder's path refreshed either way), else the smallest tree; the prompt is
-        inserted under the replica chosen."""
-        reps = self.replicas
-        path = prompt_path(self._segments(req))
-        if self._imbalanced():
-            rep = min(reps, key=lambda r: (r.outstanding, len(r.routed), r.index))
-        else:
-            matched, holders, depth = tree.match(path)
-            holder = min((reps[t] for t in holders),
-                         key=lambda r: (r.outstanding, len(r.routed), r.index), default=None)
-            if holder is not None:
-                tree.touch(path[:depth], holder.index)
-            if holder is not None and matched > CACHE_THRESHOLD * req.num_prompt_tokens:
-                rep = holder
-            else:
-                size = tree.size_tokens
-                rep = min(reps, key=lambda r: (size[r.index], r.outstanding, len(r.routed),
-                                               r.index))
-        tree.insert(path, rep.index)
-        return rep
-
-    def _imbalanced(self) -> bool:
-        """The cache-aware router's load guard: outstanding requests of the busiest and
-        the idlest replica differ by more than BALANCE_ABS_THRESHOLD and
-        BALANCE_REL_THRESHOLD times."""
-        loads = [r.outstanding for r in self.replicas]
-        hi, lo = max(loads), min(loads)
-        return hi - lo > BALANCE_ABS_THRESHOLD and hi > BALANCE_REL_THRESHOLD * lo
-
 
 def simulate_cluster(
-    source: ArrivalSource, *, num_replicas: int, router: str, policy_factory: Any,
+    source: ArrivalSource, *, num_replicas: int, router: Router, policy_factory: Any,
     config: SchedulerConfig, cost_model: CostModel, num_gpu_blocks: int, block_size: int = 16,
     slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
     progress: Callable[[int], None] | None = None, slice_s: float = math.inf,
     on_release: ReleaseHook | None = None, fast_path: bool = True,
-    prompt_segments: Callable[[Request], Segments] | None = None,
 ) -> SimResult:
     """Simulate ``num_replicas`` identical engines (each its own policy, KV pool or prefix
-    cache, and cost model) behind ``router`` until every request has finished or been
+    cache, and cost model) behind ``router`` (a ``sim.interface.Router``, such as
+    ``policies.routers.make_router(name)``) until every request has finished or been
     rejected.
 
     The result's requests and steps carry a ``replica`` column; its summary is the whole
     cluster's (summarize over every record) with a ``replicas`` list of per-replica
     summaries. ``fast_path``: the engines' steady runs and decode groups
-    (sim/fastpath.py), each run ending before the router's next routing instant; False,
-    or closed-loop clients (whose next arrival a release inside another replica's run may
-    bring forward), step by step. ``prompt_segments``: each request's prompt as
-    segments, for the cache-aware-approx router (see Router). Raises ValueError for
-    num_replicas < 1 or an unknown router, SchedulerStuck as one engine does.
+    (sim/fastpath.py), each run ending before the next routing instant; False, or
+    closed-loop clients (whose next arrival a release inside another replica's run may
+    bring forward), step by step. Raises ValueError for num_replicas < 1 or a router that
+    refuses the replicas or chooses none of them (Dispatcher), SchedulerStuck as one
+    engine does.
     """
     if int(num_replicas) != num_replicas or num_replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {num_replicas!r}")
     env = simpy.Environment()
     reps = [Replica(i, make_kv(config.prefix_cache, num_gpu_blocks, block_size), Recorder())
             for i in range(num_replicas)]
-    rt = Router(env, source, reps, router, prompt_segments)
+    dispatcher = Dispatcher(env, source, reps, router)
 
     def release(req: Request, now: float) -> None:
         if on_release is not None:
             on_release(req, now)
-            rt.set_timer()
+            dispatcher.set_timer()
 
     procs = []
     for rep in reps:
         policy: Scheduler = policy_factory(config, rep.kv)
         engine = Engine(env, policy=policy, cost_model=cost_model, kv=rep.kv, config=config,
-                        arrivals=Inbox(rt, rep), recorder=rep.recorder, on_release=release,
-                        wake=functools.partial(rt.wake_event, rep),
+                        arrivals=Inbox(dispatcher, rep), recorder=rep.recorder,
+                        on_release=release, wake=functools.partial(dispatcher.wake_event, rep),
                         fast_path=fast_path and not isinstance(source, ClosedLoopArrivals))
         procs.append(engine.start())
-    rt.set_timer()
+    dispatcher.set_timer()
     done = simpy.AllOf(env, procs)
     for length in progress_slices(slice_s):
         if done.triggered:
@@ -358,11 +298,6 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     summary["prefix_cache"] = cache_summary([r.kv for r in reps], block_size)
     summary["replicas"] = per_replica
     return SimResult(requests, steps, itl_all, summary)
-
-
-def _own_segments(req: Request) -> Segments:
-    """A request's ``prompt_segments``, or one segment of its own."""
-    return req.prompt_segments or ((unique_segment_id(req.request_id), req.num_prompt_tokens),)
 
 
 def _with_replica(table: dict[str, np.ndarray], replica: int) -> dict[str, np.ndarray]:

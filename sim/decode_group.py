@@ -1,5 +1,5 @@
-"""Decode groups: running requests that decode one token every step, advanced by a step
-counter instead of one by one.
+"""Decode groups (DecodeGroup): running requests that decode one token every step,
+advanced by a step counter instead of one by one.
 
 A policy that opts in keeps its longest run of steadily decoding requests at the head of
 its running list in a DecodeGroup. Each group step every member computes one token and
@@ -24,7 +24,7 @@ from heapq import heappop, heappush
 from itertools import chain
 
 from sim.kv.block_pool import KVCacheManager
-from sim.request import Request
+from sim.request import Request, finish_limit
 
 
 class DecodeGroup:
@@ -86,8 +86,7 @@ class DecodeGroup:
         self._base[req] = (g, c, o, j)
         self.members.append(req)
         self.ctx_sum += c + 1
-        limit = min(req.output_len, req.max_tokens, self._max_len - req.num_prompt_tokens)
-        heappush(self._finish, (g + limit - o, j, req))
+        heappush(self._finish, (g + finish_limit(req, self._max_len) - o, j, req))
         bs = self._kv.block_size
         heappush(self._cross, (g + len(req.block_ids) * bs - c + 1, j, req))
 
@@ -151,13 +150,13 @@ class DecodeGroup:
         self.fresh = 0
 
     # -- what the next steps hold --
-    def steps_to_first_finish(self) -> int:
+    def steps_to_first_finish(self) -> int | None:
         """How many more group steps run before one samples a member's last token
-        (0: the next step does)."""
+        (0: the next step does); None for an empty group."""
         heap = self._finish
         while heap and not self._live(heap[0]):
             heappop(heap)
-        return heap[0][0] - self.steps - 1 if heap else 1 << 62
+        return heap[0][0] - self.steps - 1 if heap else None
 
     def _due(self, step: int) -> list[tuple[int, int, Request]]:
         """Pop the live crossing entries due at or before ``step``, in order."""

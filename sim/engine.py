@@ -1,39 +1,43 @@
-"""The engine: one SimPy process per replica that runs what the policy plans.
+"""The engine: one SimPy process per replica that runs what the policy plans. It owns the
+loop, the admission guard, the update rule and the no-progress watchdogs; the engine
+decides nothing.
 
-Each iteration: hand arrived requests to the policy (rejecting those that can never be
-served), ask the policy for a BatchPlan, ask the cost model for the step time, ``yield
-env.timeout(dt)``, then apply the one shared update rule: num_computed_tokens += n; when a
-request's computed tokens reach its known tokens it samples one output token (the first
-sets first_token_time); after min(output_len, max_tokens) tokens, or at max_model_len, it
-is done and the policy releases it. With no work the engine waits on the next arrival's
-timeout event; it never polls. The engine decides nothing.
+Each iteration, as named steps: admit the arrived requests (rejecting those that can
+never be served); advance a steady-decode run when the policy promises one
+(sim/fastpath.py), else schedule one step (the policy's BatchPlan), price it (the cost
+model, or an executor's measured time), wait it out (``yield env.timeout(dt)``), update
+and record. The update rule: num_computed_tokens += n; when a request's computed tokens
+reach its known tokens it samples one output token (the first sets first_token_time);
+at its finish limit (``sim.request.finish_limit``) it is done and the policy releases
+it. With no work the engine waits on the next arrival's timeout event; it never polls.
 
 Two optional hooks serve sources that learn of arrivals only as the run goes (closed-loop
 clients, a cluster router): ``on_release(req, now)`` is called for every request the engine
 records (finished or rejected), and ``wake()`` is asked for an event to wait on when the
 engine is idle and its source knows of no next arrival (None: no more will come, stop).
-Without them the engine behaves, and costs, exactly as before.
+A single open-loop engine has neither and pays nothing for them.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Generator
-from itertools import accumulate
-from operator import sub
-from typing import Any, Protocol
+from typing import Any
 
 import simpy
 
-from sim.batch import BatchPlan, BatchShape, SteadyDecode, shape_of
+from sim.batch import BatchPlan, BatchShape, shape_of
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.decode_group import DecodeGroup
-from sim.fastpath import MAX_RUN_STEPS, remaining_steps, safe_steps, step_times
+from sim.fastpath import make_fast_path
+from sim.interface import Refuser, Scheduler
 from sim.kv.block_pool import KVCacheManager
-from sim.metrics import Recorder
-from sim.request import Request, RequestStatus
+from sim.metrics import Recorder, StepRow
+from sim.request import Request, RequestStatus, finish_limit
 from sim.source import ArrivalSource
+
+__all__ = ["MAX_IDLE_SCHEDULES", "Engine", "ReleaseHook", "SchedulerStuck",
+           "StepExecutor", "StepObserver", "WakeHook"]
 
 #: Consecutive schedule() calls that plan nothing while work is waiting before the
 #: engine gives up with SchedulerStuck instead of hanging. Steps that run but sample no
@@ -66,24 +70,6 @@ class SchedulerStuck(RuntimeError):
     """The policy planned nothing while requests were waiting and nothing could change."""
 
 
-class Scheduler(Protocol):
-    """The engine's view of a policy: policies/base.py documents the contract and adds
-    the optional hooks (rejection_reason, steady_decode, advance)."""
-
-    def add_request(self, request: Request) -> None: ...
-
-    def schedule(self, now: float) -> BatchPlan: ...
-
-    def on_step_end(self, done: list[Request], now: float) -> list[Request]: ...
-
-    def has_unfinished_requests(self) -> bool: ...
-
-    @property
-    def num_waiting(self) -> int: ...
-
-    def stuck_request(self) -> Request | None: ...
-
-
 def _finish(req: Request) -> None:
     """Mark a request done generating: "stop" when it produced output_len tokens (the
     workload's own end), else "length" (max_tokens or max_model_len reached)."""
@@ -94,8 +80,9 @@ def _finish(req: Request) -> None:
 class Engine:
     """One replica: a policy, a KV cache, a cost model, fed by an arrival source.
 
-    ``process()`` is the SimPy process; ``Engine.start(env)`` registers it. Raises
-    SchedulerStuck (naming the stuck request) rather than hang.
+    ``process()`` is the SimPy process; ``Engine.start(env)`` registers it. The policy's
+    optional seams (sim/interface.py) are found once, here. Raises SchedulerStuck
+    (naming the stuck request) rather than hang.
     """
 
     def __init__(
@@ -115,24 +102,59 @@ class Engine:
         self.observer = observer
         self.on_release = on_release
         self.wake = wake
-        self._num_sampled = 0  # output tokens produced so far (the livelock watchdog's clock)
-        # The policy's optional steady-decode promise (sim/fastpath.py). Off where every
-        # step must be seen one by one (an observer, an executor). A cluster's inbox
-        # gives its next routing instant: runs then end before it (the router reads
-        # this engine's state there as step by step).
         self.executor = executor
-        self._routing_time = getattr(arrivals, "next_routing_time", None)
-        steady = getattr(policy, "steady_decode", None)
+        self._refuse = policy.rejection_reason if isinstance(policy, Refuser) else None
+        # The fast path is off where every step must be seen one by one.
         every_step = observer is not None or executor is not None
-        self._steady = steady if fast_path and not every_step else None
-        attach = getattr(policy, "attach_decode_group", None)
-        if fast_path and not every_step and attach is not None:
-            attach(DecodeGroup(kv, config.max_model_len))
+        self._fast = (make_fast_path(policy, kv, config, cost_model, arrivals, recorder)
+                      if fast_path and not every_step else None)
+        self._step_time = cost_model.step_time
+        self._max_len = config.max_model_len
+        self._num_sampled = 0  # output tokens produced so far (the livelock watchdog's clock)
+        self._idle_schedules = 0  # consecutive plans that ran nothing with work waiting
+        self._stall_steps = 0  # consecutive steps that sampled no token
+        self._stall_max = self._stall_limit()
+        self._last_preempted: Request | None = None
+        self._unrecorded_preemptions = 0  # from plans that ran nothing: in the next row
 
     def start(self) -> simpy.Process:
         return self.env.process(self.process())
 
-    # -- admission control (the engine's guard, before any policy sees a request) --
+    # -- the SimPy process --
+    def process(self) -> Generator[simpy.Event, Any, None]:
+        """Admit arrivals; advance a steady-decode run, or schedule, price, wait out,
+        update and record one step; idle until the next arrival when nothing runs. Ends
+        when no request is left and none will come."""
+        env, policy, arrivals, fast = self.env, self.policy, self.arrivals, self._fast
+        while True:
+            now = env.now
+            for req in arrivals.pop_arrived(now):
+                self._admit(req)
+            # (After a plan that preempted and ran nothing, the next step is planned one
+            # by one: its row records those preemptions, as the reference's does.)
+            if fast is not None and not self._unrecorded_preemptions:
+                run = fast.plan(now)
+                if run is not None:  # advanced, updated and recorded at once
+                    yield env.timeout(run.times[-1] - now)
+                    finished = fast.apply(run)
+                    self._idle_schedules = self._stall_steps = 0  # a run samples tokens
+                    if finished:
+                        self._end_run(finished, run.times[-1])
+                    continue
+            plan = policy.schedule(now)
+            if not plan.scheduled and (plan.group is None or not plan.group.members):
+                if self._plans_nothing(plan):
+                    continue  # it preempted, so blocks were freed: plan again at once
+                event = self._idle_event(now)
+                if event is None:
+                    return
+                yield event
+                continue
+            shape, dt = self._price(plan)
+            yield env.timeout(dt)
+            self._update(plan, shape, now, dt)
+
+    # -- admit: the engine's guard, before any policy sees a request --
     def _admit(self, req: Request) -> None:
         reason = self._rejection_reason(req)
         if reason is None:
@@ -145,250 +167,166 @@ class Engine:
             self.on_release(req, self.env.now)
 
     def _rejection_reason(self, req: Request) -> str | None:
-        p, m, limit = req.num_prompt_tokens, req.max_tokens, self.config.max_model_len
+        p, m, limit = req.num_prompt_tokens, req.max_tokens, self._max_len
         if p + m > limit:
             # vLLM's API server rule: prompt plus requested completion must fit.
             return f"num_prompt_tokens ({p}) + max_tokens ({m}) > max_model_len ({limit})"
         kv = self.kv
-        need = kv.blocks_for(p + min(m, req.output_len) - 1)
         if kv.blocks_for(p) > kv.num_usable_blocks:
             return (f"prompt needs {kv.blocks_for(p)} KV blocks; the whole pool has "
                     f"{kv.num_usable_blocks}")
+        need = kv.blocks_for(p + finish_limit(req, limit) - 1)  # at its last token
         if need > kv.num_usable_blocks:
             return (f"can never finish: needs {need} KV blocks at its end; the whole pool "
                     f"has {kv.num_usable_blocks}")
-        # Optional policy hook: what this policy can never serve (e.g. a reservation
-        # larger than the pool, or an unchunkable prompt over the token budget).
-        policy_reason = getattr(self.policy, "rejection_reason", None)
-        return policy_reason(req) if policy_reason is not None else None
+        # What this policy can never serve (a reservation larger than the pool, an
+        # unchunkable prompt over the token budget).
+        return self._refuse(req) if self._refuse is not None else None
 
-    # -- the SimPy process --
-    def process(self) -> Generator[simpy.Event, Any, None]:
-        env, policy, arrivals, rec = self.env, self.policy, self.arrivals, self.recorder
-        on_release, executor, step_time = self.on_release, self.executor, self.cost_model.step_time
-        max_seqs = self.config.max_num_seqs
-        idle_schedules = stall_steps = 0
-        unrecorded_preemptions = 0  # from plans that ran nothing; counted with the next step
-        stall_limit = self._stall_limit()
-        last_preempted: Request | None = None
-        while True:
-            now = env.now
-            for req in arrivals.pop_arrived(now):
-                self._admit(req)
-            if self._steady is not None and not unrecorded_preemptions:
-                # (After a plan that preempted and ran nothing, the next step is planned
-                # one by one: it records those preemptions, as the reference does.)
-                run = self._steady(now)
-                ahead = self._plan_run(run, now) if run is not None else None
-                if ahead is not None:
-                    yield env.timeout(ahead[0][-1] - now)
-                    self._apply_run(run, *ahead)  # type: ignore[arg-type]
-                    idle_schedules = stall_steps = 0
-                    continue
-            plan = policy.schedule(now)
-            group = plan.group
-            if not plan.scheduled and not group:
-                nxt = arrivals.next_arrival_time()
-                if policy.has_unfinished_requests():
-                    idle_schedules += 1
-                    if idle_schedules > MAX_IDLE_SCHEDULES:
-                        self._raise_stuck()
-                    if plan.preempted:
-                        unrecorded_preemptions += len(plan.preempted)
-                        continue  # blocks were freed: plan again at once
-                    if nxt is None:
-                        self._raise_stuck()
-                if nxt is None:
-                    wake = self.wake() if self.wake is not None else None
-                    if wake is None:
-                        return
-                    yield wake
-                    continue
-                yield env.timeout(nxt - now)
-                continue
-            idle_schedules = 0
-            if plan.preempted:
-                last_preempted = plan.preempted[-1]
-            sampled_before = self._num_sampled
-            n_group = len(group) if group is not None else 0
-            shape = (shape_of(plan.scheduled, n_group, group.ctx_sum)  # type: ignore[union-attr]
-                     if n_group else shape_of(plan.scheduled))
-            if executor is None:
-                dt = step_time(plan.cost_shape or shape) + plan.extra_time_s
-            else:
-                dt = executor(plan, plan.cost_shape or shape) + plan.extra_time_s
-            yield env.timeout(dt)
-            end = env.now
-            done = self._apply(plan, now, end)
-            if n_group:  # the members head running: they are released first, as in running order
-                done = self._apply_group(group, now, end) + done  # type: ignore[arg-type]
-            stall_steps = 0 if self._num_sampled > sampled_before else stall_steps + 1
-            if stall_steps > stall_limit:
-                self._raise_stuck(last_preempted or plan.scheduled[0][0], stall_steps)
-            if self.observer is not None:
-                self.observer(plan, now, end)
-            blocks_used = self.kv.num_used_blocks
-            held = plan.num_slots_held  # before the policy releases anyone
-            for req in policy.on_step_end(done, end):
-                req.finish_time = end
-                rec.record_request(req)
-                if on_release is not None:
-                    on_release(req, end)
-            useful = len(plan.scheduled) + n_group
-            rec.record_step(
-                now, dt, useful, shape.num_prefill_tokens, shape.num_decode_seqs,
-                blocks_used, policy.num_waiting, useful, held - useful, max_seqs - held,
-                len(plan.preempted) + unrecorded_preemptions,
-            )
-            unrecorded_preemptions = 0
+    # -- idle: a plan that runs nothing --
+    def _plans_nothing(self, plan: BatchPlan) -> bool:
+        """Count a plan that runs nothing while work is unfinished (the no-progress
+        watchdog). True when it preempted: its preemptions go into the next step's row."""
+        if not self.policy.has_unfinished_requests():
+            return False
+        self._idle_schedules += 1
+        if self._idle_schedules > MAX_IDLE_SCHEDULES:
+            self._raise_stuck()
+        if plan.preempted:
+            self._unrecorded_preemptions += len(plan.preempted)
+            return True
+        if self.arrivals.next_arrival_time() is None:
+            self._raise_stuck()
+        return False
+
+    def _idle_event(self, now: float) -> simpy.Event | None:
+        """What an idle engine waits on: the next arrival's timeout, else the wake
+        hook's event; None when no request will come (the process ends)."""
+        nxt = self.arrivals.next_arrival_time()
+        if nxt is not None:
+            return self.env.timeout(nxt - now)
+        return self.wake() if self.wake is not None else None
+
+    # -- price: what the step computes, and how long it takes --
+    def _price(self, plan: BatchPlan) -> tuple[BatchShape, float]:
+        """The step's shape (read before the update) and its duration (s): the cost
+        model's price of the shape it charges, or the executor's measured time, plus
+        the plan's extra time."""
+        group = plan.group
+        shape = (shape_of(plan.scheduled, len(group.members), group.ctx_sum)
+                 if group is not None and group.members else shape_of(plan.scheduled))
+        if self.executor is None:
+            return shape, self._step_time(plan.cost_shape or shape) + plan.extra_time_s
+        return shape, self.executor(plan, plan.cost_shape or shape) + plan.extra_time_s
+
+    # -- update and record: after the step's timeout --
+    def _update(self, plan: BatchPlan, shape: BatchShape, start: float, dt: float) -> None:
+        """The update rule for every request the step ran (a decode group's members head
+        running: they are released first, as in running order), the watchdogs, the
+        observer, the releases and the step's row."""
+        end = self.env.now
+        sampled_before = self._num_sampled
+        done = self._apply(plan, start, end)
+        group = plan.group
+        if group is not None and group.members:
+            done = self._apply_group(group, start, end) + done
+        self._watch(plan, self._num_sampled > sampled_before)
+        if self.observer is not None:
+            self.observer(plan, start, end)
+        blocks_used = self.kv.num_used_blocks  # before the policy releases anyone
+        held = plan.num_slots_held
+        self._release(done, end)
+        self._record(plan, shape, start, dt, blocks_used, held)
 
     def _apply(self, plan: BatchPlan, start: float, now: float) -> list[Request]:
-        """The shared update rule; returns the requests that are done generating."""
+        """The update rule for the scheduled requests; returns those done generating."""
         done: list[Request] = []
-        itl = self.recorder.itl
-        max_len = self.config.max_model_len
-        regular = 0  # tokens whose previous token came at the end of the previous step
+        book_itl = self.recorder.book_itl
+        max_len = self._max_len
+        sampled = regular = 0  # regular: previous token at the end of the previous step
         for req, n in plan.scheduled:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
             c = req.num_computed_tokens + n
             req.num_computed_tokens = c
-            p = req.num_prompt_tokens
             o = req.num_output_tokens
-            if c < p + o:
+            if c < req.num_prompt_tokens + o:
                 continue  # partial prefill chunk: no token sampled
             o += 1
             req.num_output_tokens = o
-            self._num_sampled += 1
+            sampled += 1
             if o == 1:
                 req.first_token_time = now
             elif req.last_token_time == start:
                 regular += 1
             else:
-                itl.append(now - req.last_token_time)  # type: ignore[operator]
+                book_itl(now - req.last_token_time)  # type: ignore[operator]
             req.last_token_time = now
-            if o >= req.output_len or o >= req.max_tokens or p + o >= max_len:
+            if o >= finish_limit(req, max_len):
                 _finish(req)
                 done.append(req)
+        self._num_sampled += sampled
         if regular:
-            self.recorder.itl_step_s.append(now - start)
-            self.recorder.itl_step_count.append(regular)
+            self.recorder.book_itl_step(now - start, regular)
         return done
 
     def _apply_group(self, group: DecodeGroup, start: float, end: float) -> list[Request]:
         """The update rule for a decode group's members: one token each, all regular ITL
         samples of this step; returns the members that sampled their last token."""
-        n = len(group)
+        n = len(group.members)
         self._num_sampled += n
         rec = self.recorder
         fresh = group.fresh  # joined during a stall: previous token at this step's start
         if fresh:
-            rec.itl_step_s.append(end - start)
-            rec.itl_step_count.append(fresh)
+            rec.book_itl_step(end - start, fresh)
         # The others' previous token came at group.last_end: the end of the previous
         # step, or earlier when the policy ran steps without the group (a shared stall).
         if n > fresh:
-            rec.itl_step_s.append(end - group.last_end)
-            rec.itl_step_count.append(n - fresh)
+            rec.book_itl_step(end - group.last_end, n - fresh)
         done = group.advance(1, end)
         for req in done:
             _finish(req)
         return done
 
-    # -- the fast path: a run of steady decode steps at once (sim/fastpath.py) --
-    def _plan_run(
-        self, run: SteadyDecode, now: float
-    ) -> tuple[list[float], list[float], list[int]] | None:
-        """Step boundaries, step times and per-step new blocks of the longest safe run, or None when
-        fewer than two steps are safe (the step-by-step path is as cheap then)."""
-        reqs, group = run.requests, run.group
-        if not reqs:
-            return None
-        if group is not None:
-            # The run may end with the step in which members sample their last token.
-            k = min(group.steps_to_first_finish() + 1, MAX_RUN_STEPS)
-            if k < 2:
-                return None
-            k = group.safe_steps(k, self.kv.num_free_blocks)
-            new_blocks: list[int] = []  # allocated by _apply_run for the final length
-        else:
-            k = min(remaining_steps(reqs, self.config.max_model_len), MAX_RUN_STEPS)
-            if k < 2:
-                return None
-            k, new_blocks = safe_steps(reqs, self.kv.block_size, self.kv.num_free_blocks, k)
-        if k < 2:
-            return None
-        times, dts = step_times(run, self.cost_model, now, k,
-                                self.arrivals.next_arrival_time(),
-                                self._routing_time() if self._routing_time else None)
-        if len(times) < 3:
-            return None
-        return times, dts, new_blocks
+    def _release(self, done: list[Request], end: float) -> None:
+        """Hand the requests done generating to the policy; record those it releases."""
+        rec, on_release = self.recorder, self.on_release
+        for req in self.policy.on_step_end(done, end):
+            req.finish_time = end
+            rec.record_request(req)
+            if on_release is not None:
+                on_release(req, end)
 
-    def _apply_run(self, run: SteadyDecode, times: list[float], dts: list[float],
-                   new_blocks: list[int]) -> None:
-        """What len(times) - 1 step-by-step updates would have done, at once."""
-        k = len(times) - 1
-        reqs, kv, rec = run.requests, self.kv, self.recorder
-        start, end, bs = times[0], times[k], kv.block_size
-        regular0 = 0
-        group = run.group
-        finished: list[Request] = []
-        if group is not None:
-            new_blocks = group.allocate_for_steps(k, kv.num_free_blocks)  # type: ignore[assignment]
-            assert new_blocks is not None, "fast path: blocks checked by safe_steps"
-            n = len(group)
-            fresh = group.fresh
-            if fresh:  # a shared stall before the run, and members that joined during it
-                rec.itl_step_s.append(times[1] - start)
-                rec.itl_step_count.append(fresh)
-                if n > fresh:
-                    rec.itl_step_s.append(times[1] - group.last_end)
-                    rec.itl_step_count.append(n - fresh)
-            elif group.last_end != start:  # a shared stall before the run (see DecodeGroup)
-                rec.itl.extend([times[1] - group.last_end] * n)
-            else:
-                regular0 = n
-            # Members whose last token comes in the run's last step (its only finishes).
-            finished = group.advance(k, end)
-            reqs = ()
-        else:
-            n = len(reqs)
-        for r in reqs:
-            if r.last_token_time == start:
-                regular0 += 1
-            else:
-                rec.itl.append(times[1] - r.last_token_time)  # type: ignore[operator]
-            c = r.num_computed_tokens + k
-            r.num_computed_tokens = c
-            r.num_output_tokens += k
-            r.last_token_time = end
-            if len(r.block_ids) * bs < c and kv.allocate_up_to(r, c) is None:
-                raise AssertionError("fast path: blocks checked by safe_steps did not fit")
-        self._num_sampled += n * k
-        advance = getattr(self.policy, "advance", None)
-        if advance is not None:
-            advance(k)
-        used = list(accumulate(new_blocks[:k], initial=kv.num_used_blocks - sum(new_blocks[:k])))
-        del used[0]  # blocks held in each step of the run
-        held = len(run.holders)
-        rec.record_decode_run(times, dts, n, used, self.policy.num_waiting, held - n,
-                              self.config.max_num_seqs - held)
-        if regular0:
-            rec.itl_step_s.append(times[1] - start)
-            rec.itl_step_count.append(regular0)
-        if k > 1:
-            rec.itl_step_s.extend(map(sub, times[2:k + 1], times[1:k]))
-            rec.itl_step_count.extend(array("q", [n]) * (k - 1))
-        if finished:  # released after the last step's row, as the step-by-step path does
-            for req in finished:
-                _finish(req)
-            on_release = self.on_release
-            for req in self.policy.on_step_end(finished, end):
-                req.finish_time = end
-                rec.record_request(req)
-                if on_release is not None:
-                    on_release(req, end)
+    def _record(self, plan: BatchPlan, shape: BatchShape, start: float, dt: float,
+                blocks_used: int, held: int) -> None:
+        """The step's row; preemptions of plans that ran nothing before it count here."""
+        useful = shape.num_prefill_seqs + shape.num_decode_seqs  # every request it ran
+        self.recorder.record_step(StepRow(
+            start, dt, useful, shape.num_prefill_tokens, shape.num_decode_seqs, blocks_used,
+            self.policy.num_waiting, useful, held - useful, self.config.max_num_seqs - held,
+            len(plan.preempted) + self._unrecorded_preemptions))
+        self._unrecorded_preemptions = 0
+
+    def _end_run(self, finished: list[Request], end: float) -> None:
+        """After a fast-path run: the requests that sampled their last token in its last
+        step finish and are released."""
+        for req in finished:
+            _finish(req)
+        self._release(finished, end)
+
+    # -- the watchdogs --
+    def _watch(self, plan: BatchPlan, sampled: bool) -> None:
+        """After a step that ran: too many steps in a row without a sampled token is a
+        preempt / re-admit livelock."""
+        self._idle_schedules = 0
+        if plan.preempted:
+            self._last_preempted = plan.preempted[-1]
+        if sampled:
+            self._stall_steps = 0
+            return
+        self._stall_steps += 1
+        if self._stall_steps > self._stall_max:
+            self._raise_stuck(self._last_preempted or plan.scheduled[0][0], self._stall_steps)
 
     def _stall_limit(self) -> int:
         """Steps without a sampled token before a livelock is declared: a legal schedule

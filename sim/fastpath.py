@@ -1,35 +1,212 @@
-"""Advancing a run of identical decode steps in one go, with the results of advancing
-them one by one.
+"""The fast path: runs of identical decode steps advanced in one go, with the results of
+advancing them one by one. ``FastPath`` (built by the engine) is the only owner of run
+logic: which run is safe (``plan``) and what it does (``apply``).
 
-A policy that can promise a steady decode (BatchPlan-equivalent steps: every running
-request gets one token, nothing joins, nobody is preempted; see ``SteadyDecode``) lets
-the engine skip its per-step Python work: the run ends before the first step in which a
-request would finish, an arrival would be seen, or a block allocation would fail, so
-every step of it is exactly what the step-by-step engine would have done. The step times
-are summed in the same order, each step still gets its row in steps.csv, and the ITL
-samples are kept as (step duration, number of tokens) pairs. tests/test_fastpath.py
-compares both paths on random workloads.
+A policy that promises a steady decode (steps in which every running request gets one
+token, nothing joins, nobody is preempted; see ``SteadyDecode`` and
+sim/interface.py's ``declares``) lets the engine skip its per-step Python work: a run
+ends with the step in which the first request finishes, before the step that would see
+an arrival, or before a block allocation would fail, so every step of it is exactly
+what the step-by-step engine would have done. The step times are summed in the same
+order, each step still gets its row in steps.csv, and the ITL samples are booked as
+(step duration, number of tokens) pairs. tests/test_fastpath.py compares both paths on
+random workloads.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 
 from sim.batch import BatchShape, SteadyDecode
+from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
-from sim.request import Request
+from sim.decode_group import DecodeGroup
+from sim.interface import (
+    BulkDecodePricer,
+    GroupDecoder,
+    RoutedArrivals,
+    Scheduler,
+    SteadyDecoder,
+    StepCounter,
+    declares,
+)
+from sim.kv.block_pool import KVCacheManager
+from sim.metrics import Recorder
+from sim.request import Request, finish_limit
+from sim.source import ArrivalSource
 
 #: Longest run advanced at once: bounds the per-run lists and keeps progress reporting live.
 MAX_RUN_STEPS = 4096
+
+#: Prices a run of decode-only steps (BulkDecodePricer.decode_run_times).
+RunPricer = Callable[[int, int, int, int, int, float, float], list[float]]
+
+
+@dataclass(slots=True)
+class Run:
+    """A planned run: the policy's promise, the step boundaries ``times`` (times[0] the
+    run's start, times[-1] its end, s), each step's duration ``dts`` (s) and the new
+    blocks each step allocates (for a run of a decode group: allocated by ``apply``)."""
+
+    steady: SteadyDecode
+    times: list[float]
+    dts: list[float]
+    new_blocks: Sequence[int]
+
+
+class FastPath:
+    """Plans and applies one engine's steady-decode runs.
+
+    Built only for a policy that declares ``steady_decode`` (``make_fast_path``); the
+    optional seams it uses (a run-pricing cost model, a step-counting policy, a routed
+    arrival source) are found once, here.
+    """
+
+    __slots__ = ("_advance", "_arrivals", "_cost_model", "_kv", "_max_len", "_max_seqs",
+                 "_policy", "_price_run", "_rec", "_routing_time", "_steady")
+
+    def __init__(self, steady: Callable[[float], SteadyDecode | None], policy: Scheduler,
+                 kv: KVCacheManager, config: SchedulerConfig, cost_model: CostModel,
+                 arrivals: ArrivalSource, recorder: Recorder) -> None:
+        self._steady = steady
+        self._policy = policy
+        self._kv = kv
+        self._max_len = config.max_model_len
+        self._max_seqs = config.max_num_seqs
+        self._cost_model = cost_model
+        self._arrivals = arrivals
+        self._rec = recorder
+        self._advance = policy.advance if isinstance(policy, StepCounter) else None
+        self._price_run: RunPricer | None = (
+            cost_model.decode_run_times if isinstance(cost_model, BulkDecodePricer) else None)
+        # A cluster's inbox: runs end before the router's next routing instant, where it
+        # reads this engine's state as the step-by-step engine would have it.
+        self._routing_time = (arrivals.next_routing_time
+                              if isinstance(arrivals, RoutedArrivals) else None)
+
+    def plan(self, now: float) -> Run | None:
+        """The longest safe run starting at ``now`` (s): up to the step in which the first
+        request finishes and while its blocks fit, cut before an arrival or a routing
+        instant. None when the policy makes no promise or fewer than two steps are safe
+        (the step-by-step path is as cheap)."""
+        steady = self._steady(now)
+        if steady is None or not steady.requests:
+            return None
+        group, kv = steady.group, self._kv
+        new_blocks: Sequence[int] = ()  # a group counts its own
+        if group is not None:
+            to_finish = group.steps_to_first_finish()
+            k = MAX_RUN_STEPS if to_finish is None else min(to_finish + 1, MAX_RUN_STEPS)
+            if k >= 2:
+                k = group.safe_steps(k, kv.num_free_blocks)
+        else:
+            k = min(remaining_steps(steady.requests, self._max_len), MAX_RUN_STEPS)
+            if k >= 2:
+                k, new_blocks = safe_steps(steady.requests, kv.block_size, kv.num_free_blocks, k)
+        if k < 2:
+            return None
+        next_arrival = self._arrivals.next_arrival_time()
+        end_before = self._routing_time() if self._routing_time is not None else None
+        times, dts = step_times(steady, self._cost_model, now, k, next_arrival, end_before,
+                                self._price_run)
+        if len(times) < 3:
+            return None
+        return Run(steady, times, dts, new_blocks)
+
+    def apply(self, run: Run) -> list[Request]:
+        """What len(run.times) - 1 step-by-step updates would have done, at once: tokens,
+        blocks, ITL samples and step rows. Returns the requests that sampled their last
+        token in the run's last step (the engine finishes and releases them)."""
+        times, steady = run.times, run.steady
+        k = len(times) - 1
+        group = steady.group
+        finished: list[Request] = []
+        if group is None:
+            n, new_blocks = len(steady.requests), run.new_blocks
+            regular = self._advance_requests(steady.requests, times)
+        else:
+            n = len(group.members)
+            allocated = group.allocate_for_steps(k, self._kv.num_free_blocks)
+            assert allocated is not None, "fast path: blocks checked by safe_steps"
+            new_blocks = allocated
+            regular = self._book_group_first_step(group, times)
+            finished = group.advance(k, times[k])
+        if self._advance is not None:
+            self._advance(k)
+        self._record(run, n, new_blocks)
+        self._rec.book_itl_run(times, n, regular)
+        return finished
+
+    def _advance_requests(self, requests: Sequence[Request], times: list[float]) -> int:
+        """Advance each request by the run's steps (one token a step, blocks to match)
+        and book the ITL of its first token; returns how many of those were regular
+        (previous token at the run's start)."""
+        start, first, end, k = times[0], times[1], times[-1], len(times) - 1
+        kv, book = self._kv, self._rec.book_itl
+        bs = kv.block_size
+        regular = 0
+        for r in requests:
+            if r.last_token_time == start:
+                regular += 1
+            else:
+                book(first - r.last_token_time)  # type: ignore[operator]
+            c = r.num_computed_tokens + k
+            r.num_computed_tokens = c
+            r.num_output_tokens += k
+            r.last_token_time = end
+            if len(r.block_ids) * bs < c and kv.allocate_up_to(r, c) is None:
+                raise AssertionError("fast path: blocks checked by safe_steps did not fit")
+        return regular
+
+    def _book_group_first_step(self, group: DecodeGroup, times: list[float]) -> int:
+        """Book the ITL of the members' first token in the run when their previous one
+        did not come at the run's start (a stall: see DecodeGroup); returns the number
+        of regular samples left to book (all members when there was no stall)."""
+        start, first, n, fresh = times[0], times[1], len(group.members), group.fresh
+        rec = self._rec
+        if fresh:  # a shared stall before the run, and members that joined during it
+            rec.book_itl_step(first - start, fresh)
+            if n > fresh:
+                rec.book_itl_step(first - group.last_end, n - fresh)
+            return 0
+        if group.last_end != start:  # a shared stall before the run
+            rec.book_itl(first - group.last_end, n)
+            return 0
+        return n
+
+    def _record(self, run: Run, num_seqs: int, new_blocks: Sequence[int]) -> None:
+        """The run's step rows: blocks held in each step, the rest constant."""
+        k = len(run.dts)
+        steps_blocks = new_blocks[:k]
+        used = list(accumulate(steps_blocks,
+                               initial=self._kv.num_used_blocks - sum(steps_blocks)))
+        del used[0]
+        held = len(run.steady.holders)
+        self._rec.record_decode_run(run.times, run.dts, num_seqs, used,
+                                    self._policy.num_waiting, held - num_seqs,
+                                    self._max_seqs - held)
+
+
+def make_fast_path(policy: Scheduler, kv: KVCacheManager, config: SchedulerConfig,
+                   cost_model: CostModel, arrivals: ArrivalSource,
+                   recorder: Recorder) -> FastPath | None:
+    """The engine's fast path for ``policy``: hands it a DecodeGroup when its class
+    declares ``attach_decode_group``, and returns a FastPath when it declares
+    ``steady_decode`` (None otherwise: every step is planned one by one)."""
+    if isinstance(policy, GroupDecoder) and declares(policy, "attach_decode_group"):
+        policy.attach_decode_group(DecodeGroup(kv, config.max_model_len))
+    if not (isinstance(policy, SteadyDecoder) and declares(policy, "steady_decode")):
+        return None
+    return FastPath(policy.steady_decode, policy, kv, config, cost_model, arrivals, recorder)
 
 
 def remaining_steps(requests: Sequence[Request], max_model_len: int) -> int:
     """Steps every request of a steady decode survives without finishing: one less than
     the fewest tokens any of them still has to produce."""
-    left = min(min(r.output_len, r.max_tokens, max_model_len - r.num_prompt_tokens)
-               - r.num_output_tokens for r in requests)
-    return left - 1
+    return min(finish_limit(r, max_model_len) - r.num_output_tokens for r in requests) - 1
 
 
 def safe_steps(requests: Sequence[Request], block_size: int, num_free_blocks: int,
@@ -57,25 +234,25 @@ def safe_steps(requests: Sequence[Request], block_size: int, num_free_blocks: in
 
 
 def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps: int,
-               next_arrival: float | None, end_before: float | None = None
-               ) -> tuple[list[float], list[float]]:
+               next_arrival: float | None, end_before: float | None = None,
+               price_run: RunPricer | None = None) -> tuple[list[float], list[float]]:
     """The step boundaries t_0 = start, t_1, ... and the step times of up to
     ``num_steps`` steps, summed in the engine's order; stops early so that no step after
     the first starts at or after ``next_arrival`` (that step would see the arrival) and,
     with ``end_before``, so that every step ends before it (a cluster's next routing
     instant: the router then reads every replica's state as the step-by-step engines
     would have it), and so that ``start + (t_last - start) == t_last`` (the clock after
-    one timeout of the run)."""
+    one timeout of the run). ``price_run``: the cost model's decode_run_times, when it
+    has one."""
     limit = math.inf if next_arrival is None else next_arrival
     if end_before is not None and end_before < limit:
         limit = end_before
     shape = run.shape
     d, s, ctx = shape.num_decode_seqs, shape.num_sampled_seqs, shape.decode_context_tokens
     growth = run.context_growth
-    batch = getattr(cost_model, "decode_run_times", None)
     prices: Iterable[float]
-    if batch is not None:  # priced only up to the step that would see the arrival
-        prices = batch(d, s, ctx, growth, num_steps, start, limit)
+    if price_run is not None:  # priced only up to the step that would see the arrival
+        prices = price_run(d, s, ctx, growth, num_steps, start, limit)
     else:  # priced one by one as the loop below takes them
         prices = (cost_model.step_time(BatchShape(0, 0, 0, 0, d, ctx + j * growth, s))
                   for j in range(num_steps))

@@ -1,21 +1,24 @@
-"""Run records and their summary.
+"""Run records and their summary: the Recorder, the step row (StepRow), the run-length
+compression of step tables and ``summarize``.
 
 The Recorder collects one row per request (when it finishes or is rejected), one row
-per engine step, and the pooled inter-token latencies, and hands them out as column
-tables (sim/table.py: numpy only, so the run path never imports pandas). ``summarize``
-turns them into summary.json. Definitions follow vLLM's benchmarks
-(``benchmarks/benchmark_serving.py``): ttft = first_token_time - arrival_time
-(queueing included); tpot = (finish_time - first_token_time) / (num_output_tokens - 1),
-left out for one-token outputs; itl = gaps between successive token times of a request
-(TTFT is never an ITL sample); throughput counts completed requests only, over first
-arrival to last finish; goodput counts completed requests meeting every SLO given (<=).
-Percentiles are numpy's linear interpolation, as vLLM's benchmark uses
-(sim/latency_stats.py).
+per engine step, and the pooled inter-token latencies (booked only through its
+``book_itl*`` methods), and hands them out as column tables (sim/table.py: numpy only,
+so the run path never imports pandas). ``summarize`` turns them into summary.json.
+Definitions follow vLLM's benchmarks (``benchmarks/benchmark_serving.py``): ttft =
+first_token_time - arrival_time (queueing included); tpot = (finish_time -
+first_token_time) / (num_output_tokens - 1), left out for one-token outputs; itl = gaps
+between successive token times of a request (TTFT is never an ITL sample); throughput
+counts completed requests only, over first arrival to last finish; goodput counts
+completed requests meeting every SLO given (<=). Percentiles are numpy's linear
+interpolation, as vLLM's benchmark uses (sim/latency_stats.py).
 """
 
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
+from operator import sub
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +57,23 @@ _FLOAT_REQUEST_COLUMNS = ("arrival_time", "first_scheduled_time", "first_token_t
 _OBJECT_REQUEST_COLUMNS = ("request_id", "status", "finish_reason", "reason")
 
 
+@dataclass(slots=True)
+class StepRow:
+    """One engine step's row (STEP_COLUMNS, in that order; times in seconds)."""
+
+    start_time: float
+    duration_s: float
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    kv_blocks_used: int
+    num_waiting: int
+    slots_useful: int
+    slots_idle: int
+    slots_empty: int
+    num_preempted: int
+
+
 class Recorder:
     """Append-only columns of request rows, step rows and ITL samples (seconds).
 
@@ -69,9 +89,9 @@ class Recorder:
         # ITL samples: irregular gaps one by one (a request that skipped steps: a
         # preemption stall, a decode left out by the token budget) and, for every step,
         # its duration with the number of tokens whose gap was exactly that step.
-        self.itl = array("d")
-        self.itl_step_s = array("d")
-        self.itl_step_count = array("q")
+        self._itl = array("d")
+        self._itl_step_s = array("d")
+        self._itl_step_count = array("q")
         # Step rows. start_time, duration_s and kv_blocks_used change from step to step:
         # typed arrays (8 bytes a field). The other columns are constant over a decode
         # run: one tuple of them per record call with the number of steps it covers,
@@ -97,20 +117,43 @@ class Recorder:
             req.num_swaps,
         ))
 
-    def record_step(
-        self, start: float, duration: float, num_seqs: int, num_prefill_tokens: int,
-        num_decode_tokens: int, kv_blocks_used: int, num_waiting: int, slots_useful: int,
-        slots_idle: int, slots_empty: int, num_preempted: int,
-    ) -> None:
-        """Store one engine step (STEP_COLUMNS, in that order; times in seconds)."""
-        self._start_append(start)
-        self._duration_append(duration)
-        self._blocks_append(kv_blocks_used)
-        self._rows_append((num_seqs, num_prefill_tokens, num_decode_tokens, num_waiting,
-                           slots_useful, slots_idle, slots_empty, num_preempted))
+    def record_step(self, row: StepRow) -> None:
+        """Store one engine step."""
+        self._start_append(row.start_time)
+        self._duration_append(row.duration_s)
+        self._blocks_append(row.kv_blocks_used)
+        self._rows_append((row.num_seqs, row.num_prefill_tokens, row.num_decode_tokens,
+                           row.num_waiting, row.slots_useful, row.slots_idle, row.slots_empty,
+                           row.num_preempted))
         self._row_steps_append(1)
         if len(self._rows) >= _PACK_ROWS:
             self._pack()
+
+    # -- ITL samples: every path of the engine books them here --
+    def book_itl(self, gap_s: float, copies: int = 1) -> None:
+        """``copies`` irregular samples of ``gap_s`` seconds (tokens whose previous token
+        came before the step that produced them: after a stall or a skipped step)."""
+        if copies == 1:
+            self._itl.append(gap_s)
+        else:
+            self._itl.extend(array("d", [gap_s]) * copies)
+
+    def book_itl_step(self, duration_s: float, count: int) -> None:
+        """``count`` tokens whose previous token came at the start of the step that
+        produced them, which lasted ``duration_s`` seconds."""
+        self._itl_step_s.append(duration_s)
+        self._itl_step_count.append(count)
+
+    def book_itl_run(self, times: list[float], count: int, first_count: int) -> None:
+        """book_itl_step for each step of a run with boundaries ``times``: ``first_count``
+        tokens in its first step (those whose previous token came at the run's start),
+        ``count`` in each later one."""
+        if first_count:
+            self._itl_step_s.append(times[1] - times[0])
+            self._itl_step_count.append(first_count)
+        if len(times) > 2:
+            self._itl_step_s.extend(map(sub, times[2:], times[1:-1]))
+            self._itl_step_count.extend(array("q", [count]) * (len(times) - 2))
 
     def _pack(self) -> None:
         """Move the pending constant-column tuples into an int64 array."""
@@ -120,11 +163,11 @@ class Recorder:
 
     def itl_samples(self) -> ItlSamples:
         """Every ITL sample so far, as (values_s, counts)."""
-        v = np.concatenate([np.frombuffer(self.itl_step_s, dtype=np.float64),
-                            np.frombuffer(self.itl, dtype=np.float64)]) \
-            if len(self.itl) + len(self.itl_step_s) else np.zeros(0)
-        c = np.concatenate([np.frombuffer(self.itl_step_count, dtype=np.int64),
-                            np.ones(len(self.itl), dtype=np.int64)]) \
+        v = np.concatenate([np.frombuffer(self._itl_step_s, dtype=np.float64),
+                            np.frombuffer(self._itl, dtype=np.float64)]) \
+            if len(self._itl) + len(self._itl_step_s) else np.zeros(0)
+        c = np.concatenate([np.frombuffer(self._itl_step_count, dtype=np.int64),
+                            np.ones(len(self._itl), dtype=np.int64)]) \
             if len(v) else np.zeros(0, dtype=np.int64)
         return ItlSamples(v.copy(), c.copy())
 
@@ -257,35 +300,21 @@ def summarize(
         return column(requests, name)[done]
 
     n_fin = int(done.sum())
-    # nanmax / nanmin: pandas' max / min skip NaN, as these did when they were pandas'.
+    # nanmax / nanmin: a time that never happened (NaN) is left out.
     duration = (float(np.nanmax(fin("finish_time"))
                       - np.nanmin(column(requests, "arrival_time"))) if n_fin else 0.0)
-    n_out = int(fin("num_output_tokens").sum())
-    n_tot = n_out + int(fin("num_prompt_tokens").sum())
-
-    def per_s(x: float) -> float:
-        return x / duration if duration > 0 else 0.0
-
     goodput = None
     if slo_ttft_s is not None or slo_tpot_s is not None:
         ok = meets_slos(fin("ttft_s"), fin("tpot_s"), slo_ttft_s, slo_tpot_s)
-        goodput = per_s(float(ok.sum()))
+        goodput = _per_s(float(ok.sum()), duration)
     num_seqs = column(steps, "num_seqs")
-    num_steps = len(num_seqs)
-    slot_total = num_steps * max_num_seqs
-    dur = column(steps, "duration_s")
-    usable = max(num_gpu_blocks - 1, 1)
-    usage = column(steps, "kv_blocks_used") / usable
     return {
         "num_requests": len(status),
         "num_finished": n_fin,
         "num_rejected": int((status == RequestStatus.REJECTED.value).sum()),
         "duration_s": duration,
-        "throughput": {
-            "output_tokens_per_s": per_s(n_out),
-            "total_tokens_per_s": per_s(n_tot),
-            "requests_per_s": per_s(float(n_fin)),
-        },
+        "throughput": _throughput(fin("num_output_tokens"), fin("num_prompt_tokens"), n_fin,
+                                  duration),
         "ttft_s": stats(fin("ttft_s")),
         "tpot_s": stats(fin("tpot_s")),
         "itl_s": weighted_stats(ItlSamples.of(itl)),
@@ -294,19 +323,49 @@ def summarize(
         "goodput_requests_per_s": goodput,
         "num_preemptions": int(column(requests, "num_preemptions").sum()),
         "num_swaps": int(column(requests, "num_swaps").sum()),
-        "kv_cache": {
-            "num_gpu_blocks": int(num_gpu_blocks),
-            "block_size": int(block_size),
-            "peak_usage": float(usage.max()) if num_steps else 0.0,
-            "mean_usage": float((usage * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0,
-        },
+        "kv_cache": _kv_cache(steps, num_gpu_blocks, block_size),
         # float64 sum / count: what pandas' mean of an int column computes.
-        "batch": {"mean_num_seqs": float(num_seqs.sum(dtype=np.float64) / num_steps)
-                  if num_steps else 0.0},
-        "slots": {
-            f"{k}_fraction": (float(column(steps, f"slots_{k}").sum()) / slot_total
-                              if slot_total else 0.0)
-            for k in ("useful", "idle", "empty")
-        },
+        "batch": {"mean_num_seqs": float(num_seqs.sum(dtype=np.float64) / len(num_seqs))
+                  if len(num_seqs) else 0.0},
+        "slots": _slots(steps, len(num_seqs) * max_num_seqs),
         **saturation_summary(requests),
     }
+
+
+def _per_s(x: float, duration: float) -> float:
+    """``x`` per second of ``duration`` (s); 0 for an empty run."""
+    return x / duration if duration > 0 else 0.0
+
+
+def _throughput(num_output_tokens: np.ndarray, num_prompt_tokens: np.ndarray,
+                num_finished: int, duration: float) -> dict[str, float]:
+    """summary.json's ``throughput``: the finished requests' tokens and count per second."""
+    n_out = int(num_output_tokens.sum())
+    n_tot = n_out + int(num_prompt_tokens.sum())
+    return {
+        "output_tokens_per_s": _per_s(n_out, duration),
+        "total_tokens_per_s": _per_s(n_tot, duration),
+        "requests_per_s": _per_s(float(num_finished), duration),
+    }
+
+
+def _kv_cache(steps: Table | pd.DataFrame, num_gpu_blocks: int,
+              block_size: int) -> dict[str, Any]:
+    """summary.json's ``kv_cache``: the pool, and its usage (blocks in use / usable
+    blocks) at its peak step and as a mean weighted by step duration."""
+    dur = column(steps, "duration_s")
+    usage = column(steps, "kv_blocks_used") / max(num_gpu_blocks - 1, 1)
+    return {
+        "num_gpu_blocks": int(num_gpu_blocks),
+        "block_size": int(block_size),
+        "peak_usage": float(usage.max()) if len(usage) else 0.0,
+        "mean_usage": float((usage * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0,
+    }
+
+
+def _slots(steps: Table | pd.DataFrame, slot_total: int) -> dict[str, float]:
+    """summary.json's ``slots``: useful, idle and empty slot-steps over ``slot_total``
+    (steps x max_num_seqs)."""
+    return {f"{k}_fraction": (float(column(steps, f"slots_{k}").sum()) / slot_total
+                              if slot_total else 0.0)
+            for k in ("useful", "idle", "empty")}

@@ -55,11 +55,11 @@ class Request:
     finish_time: float | None = None
     finish_reason: str | None = None
     reason: str | None = None
-    # Swap-out bookkeeping for swap preemption (issue 3); 0 when not swapped.
+    # Swap-out bookkeeping for swap preemption; 0 when not swapped.
     num_swapped_blocks: int = 0
     # Preemptions by swap (each also counts in num_preemptions).
     num_swaps: int = 0
-    # Prefix caching (issue 9; sim/kv/prefix_content.py). What the prompt says, without its
+    # Prefix caching (sim/kv/prefix_content.py). What the prompt says, without its
     # tokens: (segment id, tokens) pairs summing to num_prompt_tokens; None = content
     # unknown (the prompt is shared with no other request).
     prompt_segments: tuple[tuple[int, int], ...] | None = None
@@ -87,3 +87,10 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED or self.status is RequestStatus.REJECTED
+
+
+def finish_limit(req: Request, max_model_len: int) -> int:
+    """Output tokens after which ``req`` is done generating: min(output_len, max_tokens,
+    max_model_len - num_prompt_tokens). Every path of the engine (a step's update, a
+    fast-path run, a decode group) stops a request here."""
+    return min(req.output_len, req.max_tokens, max_model_len - req.num_prompt_tokens)

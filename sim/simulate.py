@@ -1,6 +1,7 @@
-"""Run one engine over an arrival source and collect its records: the smallest
-composition of engine, policy, KV cache and cost model (runner.py adds presets, files
-and the CLI's resolved config on top)."""
+"""One run of one engine: ``simulate`` composes engine, policy, KV cache and cost model
+over an arrival source and collects the records into a ``SimResult``; the progress
+slices a run is simulated in (sim/app/runs/runner.py adds presets, files and the CLI's
+resolved config on top)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import simpy
 
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
-from sim.engine import Engine, ReleaseHook, Scheduler, StepExecutor, StepObserver
+from sim.engine import Engine, ReleaseHook, StepExecutor, StepObserver
+from sim.interface import Scheduler
 from sim.kv.factory import make_kv
 from sim.kv.prefix_cache import cache_summary
 from sim.latency_stats import ItlSamples

@@ -20,7 +20,8 @@ ContentFn = Callable[[Request], None]
 
 
 class ArrivalSource(Protocol):
-    """Arrivals in non-decreasing time order."""
+    """Arrivals in non-decreasing time order. A source that a router feeds also gives
+    its next routing instant (sim.interface.RoutedArrivals)."""
 
     def next_arrival_time(self) -> float | None:
         """Time (s) of the next arrival not yet handed over, or None when exhausted."""

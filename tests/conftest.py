@@ -1,11 +1,14 @@
-"""Shared test factories (vLLM-style): make_requests, run_sim, and the shared/ path."""
+"""Shared test factories (vLLM-style): make_requests, run_sim, the shared/ path, and the
+hypothesis profiles of the property and differential tests."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from policies import get_policy_class
 from sim.config import SchedulerConfig
@@ -16,12 +19,19 @@ from sim.source import RequestListArrivals
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
+# Examples per hypothesis test: a few on a local run (the example database replays any
+# failure found before), many in CI (.ci/run sets HYPOTHESIS_PROFILE=ci). The tests'
+# own @settings leave max_examples to the profile.
+settings.register_profile("dev", max_examples=30)
+settings.register_profile("ci", max_examples=500, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "dev")
+
 
 def shared_path(*parts: str) -> Path:
     """A file under ../shared, or skip the test with a clear reason when it is absent."""
     p = SHARED.joinpath(*parts)
     if not p.exists():
-        pytest.skip(f"{p} not found: the shared/ folder (traces, oracle) is not beside the repo")
+        pytest.skip(f"{p} not found: the shared/ folder (public traces) is not beside the repo")
     return p
 
 
@@ -63,9 +73,9 @@ def cache_op(kv: object, r: Request, extra: int, free: bool, block_size: int) ->
         kv.free(r)  # type: ignore[attr-defined]
         r.num_computed_tokens = 0
     elif not r.block_ids:
-        hit = list(kv.get_computed_blocks(r))  # type: ignore[attr-defined]
-        n = min(r.num_tokens - len(hit) * block_size, extra)
-        if kv.allocate_cached(r, hit, len(hit) * block_size + n):  # type: ignore[attr-defined]
+        hit = kv.get_computed_blocks(r)  # type: ignore[attr-defined]
+        n = min(r.num_tokens - hit.num_computed_tokens, extra)
+        if kv.allocate_slots(r, n, hit) is not None:  # type: ignore[attr-defined]
             r.num_computed_tokens += n
     elif kv.allocate_slots(r, min(extra, r.num_tokens - r.num_computed_tokens)):  # type: ignore[attr-defined]
         r.num_computed_tokens = min(r.num_tokens, r.num_computed_tokens + extra)

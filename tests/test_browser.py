@@ -22,9 +22,9 @@ from sim.app.runs.runner import RunConfig, prepare, simulate_prepared, write_run
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 CHROMIUM = next((p for p in (shutil.which(n) for n in (
     "chromium", "chromium-browser", "google-chrome")) if p), None)
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     CHROMIUM is None,
-    reason="no chromium on PATH (apt-get install -y chromium; .ci/run does this)")
+    reason="no chromium on PATH (apt-get install -y chromium; .ci/run does this)")]
 
 # Runs first in <head>: records uncaught errors and console.error/warn/trace (plotly.js
 # warns through console.trace), then after load lists each plot's SVG layers, its drawn

@@ -3,15 +3,19 @@ determinism, and one clear line with exit code 1 for every kind of bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from sim.app.cli.main import app
+from sim.app.cli.options import OPTIONS
+from sim.app.runs.runner import RunConfig
 from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 from tests.conftest import shared_path
 
@@ -191,3 +195,37 @@ def test_usage_errors_are_one_line_exit_1(args: list[str], needle: str) -> None:
     assert res.returncode == 1
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0] and res.stdout == "", res.stderr
+
+
+def test_every_run_option_is_declared_once_with_runconfigs_default() -> None:
+    # sim/app/cli/options.py declares every RunConfig field, under its name and with its
+    # default: what every command that runs a simulation takes.
+    fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    assert {name: o.default for name, o in OPTIONS.items()} == fields
+
+
+def _params(command: str) -> dict[str, Any]:
+    """The click parameters of ``servesim COMMAND``, by name."""
+    import typer
+
+    return {p.name: p for p in typer.main.get_command(app).commands[command].params}
+
+
+def test_sweep_and_plan_share_runs_options() -> None:
+    run_params, sweep, plan = _params("run"), _params("sweep"), _params("plan")
+    shared = ("max_model_len", "block_size", "num_gpu_blocks", "queue", "preemption_mode",
+              "kv_allocation", "swap_space", "pcie_bandwidth", "scheduler_reserve_full_isl")
+    for params in (sweep, plan):
+        for name in shared:
+            p, r = params[name], run_params[name]
+            assert (p.opts, p.default, p.help, p.type.name) == (
+                r.opts, r.default, r.help, r.type.name), name
+    assert "time_scale" in sweep and "time_scale" not in plan  # plan times its own probes
+    # The list form: the same option, comma-separated values, the same help first.
+    assert sweep["max_num_seqs"].help.startswith(run_params["max_num_seqs"].help)
+    assert sweep["seeds"].opts == plan["seeds"].opts == ["--seeds", "--seed"]
+    # The defaults that differ between commands, each declared by its command.
+    assert [c["router"].default for c in (run_params, sweep, plan)] == [
+        "round-robin", "least-outstanding", "least-outstanding"]
+    assert [c["trace_sample"].default for c in (run_params, sweep, plan)] == [
+        False, False, True]

@@ -1,5 +1,6 @@
-"""Several engines behind a router in one SimPy environment (sim/cluster.py): one replica
-is exactly one engine; each router decides from the replicas' state at arrival time;
+"""Several engines behind a router in one SimPy environment (sim/cluster.py, the routers
+of policies/routers.py): one replica is exactly one engine; each router decides from the
+replicas' state at arrival time; a router object of the user's is used as given;
 per-replica and total metrics; a prefix cache per replica and the cache-aware router;
 the CLI."""
 
@@ -12,16 +13,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import simpy
 from typer.testing import CliRunner
 
 import sim.app.runs.prompt_content as workload_content
+import sim.app.runs.runner as run_module
 from policies.chunked import ChunkedPolicy
+from policies.routers import ROUTERS, imbalanced, make_router
 from sim.app.cli.main import app
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
-from sim.cluster import ROUTERS, Replica, Router, simulate_cluster
+from sim.cluster import Replica, simulate_cluster
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
+from sim.interface import ReplicaView, Router
 from sim.kv.factory import make_kv
 from sim.kv.prefix_cache import PrefixCachingKV
 from sim.kv.prefix_slots import PrefixSlotTable
@@ -34,9 +37,12 @@ from tests.conftest import make_requests
 runner = CliRunner()
 
 
-def cluster(requests: list[Request], n: int, router: str, **config: object) -> SimResult:
+def cluster(requests: list[Request], n: int, router: str | Router,
+            **config: object) -> SimResult:
+    """``requests`` on ``n`` replicas behind ``router`` (a name or a router object)."""
     return simulate_cluster(
-        RequestListArrivals(requests), num_replicas=n, router=router,
+        RequestListArrivals(requests), num_replicas=n,
+        router=make_router(router) if isinstance(router, str) else router,
         policy_factory=ChunkedPolicy, config=SchedulerConfig(**config),  # type: ignore[arg-type]
         cost_model=ConstantCostModel(1.0), num_gpu_blocks=1000)
 
@@ -73,6 +79,55 @@ def test_least_outstanding_avoids_the_busy_replica() -> None:
     assert rr.requests["queued_time_s"][2] == 95  # waits for r0 to finish at t = 100
     assert list(lo.requests["replica"]) == [0, 1, 1]
     assert lo.requests["queued_time_s"][2] == 0
+
+
+class Pack:
+    """A user's router: the replica with the most outstanding requests, ties to the
+    highest index (none of the built-in routers would); it logs what it read."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, list[int]]] = []
+        self.num_replicas = 0
+
+    def start(self, replicas: list[ReplicaView]) -> None:
+        self.num_replicas = len(replicas)
+
+    def choose(self, request: Request, replicas: list[ReplicaView], now: float) -> int:
+        self.calls.append((request.request_id, now, [r.outstanding for r in replicas]))
+        return max(replicas, key=lambda r: (r.outstanding, r.index)).index
+
+
+def test_a_user_router_object_is_used() -> None:
+    # 1 s steps. r0 (t = 0) and r1 (t = 1) each sample 5 tokens, the first after their
+    # prefill step: both are outstanding at t = 3 and finished (t = 5 and 6) by t = 10.
+    pack = Pack()
+    res = cluster(make_requests([5, 5, 5, 5], arrivals=[0.0, 1.0, 3.0, 10.0]), 2, pack)
+    assert pack.num_replicas == 2
+    assert pack.calls == [("0", 0.0, [0, 0]), ("1", 1.0, [0, 1]), ("2", 3.0, [0, 2]),
+                          ("3", 10.0, [0, 0])]
+    assert list(res.requests["replica"]) == [1, 1, 1, 1]
+    assert list(res.requests["finish_time"][:2]) == [5.0, 6.0]
+
+
+def test_a_router_must_choose_a_replica() -> None:
+    class Outside:
+        def choose(self, request: Request, replicas: list[ReplicaView], now: float) -> int:
+            return len(replicas)
+
+    with pytest.raises(ValueError, match="chose replica 2 for request '0'"):
+        cluster(make_requests([1]), 2, Outside())
+    with pytest.raises(ValueError, match="router must have choose"):
+        cluster(make_requests([1]), 2, object())  # type: ignore[arg-type]
+
+
+class Replay:
+    """A user's router: each request to the replica ``where[request.index]``."""
+
+    def __init__(self, where: np.ndarray) -> None:
+        self.where = where
+
+    def choose(self, request: Request, replicas: list[ReplicaView], now: float) -> int:
+        return int(self.where[request.index])
 
 
 def test_least_kv_reads_kv_usage_and_queued_prompts() -> None:
@@ -203,13 +258,12 @@ def test_peek_hit_tokens_records_nothing(mode: str) -> None:
     kv = make_kv(mode, 100, 16)
     assert isinstance(kv, PrefixCachingKV)
     a, b = turns(2)
-    assert kv.allocate_cached(a, kv.get_computed_blocks(a), a.num_tokens)
-    before = (dataclasses.astuple(kv.stats), kv._last_hit, kv._touched, dict(kv._last_lookup))
+    assert kv.allocate_slots(a, a.num_tokens, kv.get_computed_blocks(a)) is not None
+    before = (dataclasses.astuple(kv.stats), kv._touched, dict(kv._last_lookup))
     assert kv.peek_hit_tokens(b) == 48  # the 3 shared blocks
-    assert (dataclasses.astuple(kv.stats), kv._last_hit, kv._touched,
-            dict(kv._last_lookup)) == before
+    assert (dataclasses.astuple(kv.stats), kv._touched, dict(kv._last_lookup)) == before
     assert b not in kv._index._pos  # no positions kept for a request routed elsewhere
-    assert kv.get_computed_blocks(b) == a.block_ids[:3]
+    assert kv.get_computed_blocks(b).block_ids == a.block_ids[:3]
 
 
 @pytest.mark.parametrize("mode", ["block", "radix"])
@@ -246,16 +300,15 @@ def test_cache_aware_needs_more_than_30_percent_cached(prompt: int, where: list[
 
 
 def test_cache_aware_load_guard_needs_both_thresholds() -> None:
-    def imbalanced(a: int, b: int) -> bool:
+    def guard(a: int, b: int) -> bool:
         reps = [Replica(i, make_kv("block", 10, 16), Recorder()) for i in range(2)]
         reps[0].routed.extend(range(a))
         reps[1].routed.extend(range(b))
-        return Router(simpy.Environment(), RequestListArrivals([]), reps,
-                      "cache-aware")._imbalanced()
+        return imbalanced(reps)
 
-    assert imbalanced(65, 0) and not imbalanced(64, 0)  # a gap of more than 64
-    assert not imbalanced(200, 135)  # a gap of 65, but 200 <= 1.5 x 135 = 202.5
-    assert imbalanced(203, 135)
+    assert guard(65, 0) and not guard(64, 0)  # a gap of more than 64
+    assert not guard(200, 135)  # a gap of 65, but 200 <= 1.5 x 135 = 202.5
+    assert guard(203, 135)
 
 
 def test_cache_aware_lookups_change_only_the_routing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +320,7 @@ def test_cache_aware_lookups_change_only_the_routing(monkeypatch: pytest.MonkeyP
     routed = simulate_prepared(prep)
     where = routed.requests["replica"].to_numpy()  # workload order
     assert len(set(where)) == 3 and routed.summary["prefix_cache"]["evictions"] > 0
-    monkeypatch.setattr(Router, "_choose", lambda self, req: self.replicas[where[req.index]])
+    monkeypatch.setattr(run_module, "make_router", lambda name, **_: Replay(where))
     replay = simulate_prepared(prep)
     assert replay.summary == routed.summary
     for col, a in routed.request_table.items():

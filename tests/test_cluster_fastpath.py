@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import get_policy_class
+from policies import get_policy_class, make_router
 from sim.batch import BatchShape
 from sim.cluster import simulate_cluster
 from sim.config import SchedulerConfig
@@ -30,11 +30,12 @@ class TwoPrices:
 
 
 def both(make: object, **kw: object) -> tuple[SimResult, SimResult]:
-    """The step-by-step cluster and the fast one on fresh copies of the requests."""
+    """The step-by-step cluster and the fast one on fresh copies of the requests and a
+    fresh router named ``kw["router"]``."""
     out = []
     for fast in (False, True):
         out.append(simulate_cluster(RequestListArrivals(make()), fast_path=fast,  # type: ignore[operator]
-                                    **kw))  # type: ignore[arg-type]
+                                    **{**kw, "router": make_router(kw["router"])}))  # type: ignore[arg-type]
     return out[0], out[1]
 
 
@@ -123,7 +124,7 @@ def clusters(draw: st.DrawFn) -> tuple[list[Request], dict]:
     return reqs, kw
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters())
 def test_cluster_fast_path_equals_step_by_step(w: tuple[list[Request], dict]) -> None:
     reqs, kw = w

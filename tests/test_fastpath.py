@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from policies import get_policy_class
 from sim.batch import BatchShape
 from sim.config import SchedulerConfig
-from sim.engine import Engine
+from sim.fastpath import FastPath, Run
 from sim.request import Request
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
@@ -99,7 +99,7 @@ def workloads(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]:
     return args, cfg, policy, blocks, bs
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_fast_path_equals_step_by_step(w: tuple[dict, SchedulerConfig, str, int, int]) -> None:
     assert_same(*w)
@@ -110,13 +110,13 @@ def test_fast_path_takes_long_decode_runs(monkeypatch: pytest.MonkeyPatch) -> No
     # engine advances the decode phase in one run of 199 steps, the last of them the one
     # in which both sample their 200th token.
     runs: list[int] = []
-    real = Engine._apply_run
+    real = FastPath.apply
 
-    def spy(self: Engine, r: object, times: list[float], *rest: object) -> None:
-        runs.append(len(times) - 1)
-        real(self, r, times, *rest)  # type: ignore[arg-type]
+    def spy(self: FastPath, run: Run) -> list[Request]:
+        runs.append(len(run.times) - 1)
+        return real(self, run)
 
-    monkeypatch.setattr(Engine, "_apply_run", spy)
+    monkeypatch.setattr(FastPath, "apply", spy)
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=4096)
     args = {"output_lens": [200, 200], "prompt": 20}
     ref = run(args, cfg, "chunked", 1000, 16, fast=False)
@@ -150,7 +150,7 @@ def tight_chunked(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int
     return args, cfg, draw(st.sampled_from(["chunked", "continuous"])), blocks, bs
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tight_chunked())
 def test_decode_groups_equal_step_by_step(w: tuple[dict, SchedulerConfig, str, int, int]) -> None:
     assert_same(*w)
@@ -351,3 +351,23 @@ def test_priority_victims_in_the_decode_group_match_step_by_step(
         assert_same(args, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32,
                                           queue="priority"), policy, 16, 4)
 
+
+
+def test_the_seams_the_fast_path_uses_are_found() -> None:
+    """The roofline prices a run in one call, static counts the steps a run advanced,
+    and the built-in policies make their promises in the class that schedules."""
+    from calibration.roofline import RooflineCostModel
+    from calibration.specs import get_gpu, get_model
+    from policies.static import StaticPolicy
+    from sim.cost_model import ConstantCostModel
+    from sim.interface import BulkDecodePricer, SteadyDecoder, StepCounter, declares
+    from sim.kv.block_pool import KVCacheManager
+
+    assert isinstance(RooflineCostModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm")),
+                      BulkDecodePricer)
+    assert not isinstance(ConstantCostModel(0.01), BulkDecodePricer)
+    kv, cfg = KVCacheManager(100, 16), SchedulerConfig()
+    assert isinstance(StaticPolicy(cfg, kv), StepCounter)
+    for name in ("chunked", "continuous", "static"):
+        policy = get_policy_class(name)(cfg, kv)
+        assert isinstance(policy, SteadyDecoder) and declares(policy, "steady_decode")

@@ -42,7 +42,7 @@ def test_bad_sizes() -> None:
         KVCacheManager(10, 0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 40), st.booleans()), max_size=60))
 def test_random_use_never_leaks_or_double_frees(ops: list[tuple[int, int, bool]]) -> None:
     kv = KVCacheManager(20, 4)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sim.latency_stats import stats
-from sim.metrics import Recorder, summarize
+from sim.metrics import Recorder, StepRow, summarize
 from sim.request import Request, RequestStatus
 
 
@@ -24,7 +24,7 @@ def frames(reqs: list[Request]) -> Recorder:
     rec = Recorder()
     for r in reqs:
         rec.record_request(r)
-    rec.record_step(0.0, 1.0, 1, 10, 0, 1, 0, 1, 0, 0, 0)
+    rec.record_step(StepRow(0.0, 1.0, 1, 10, 0, 1, 0, 1, 0, 0, 0))
     return rec
 
 
@@ -32,10 +32,10 @@ def test_k06_tpot_is_per_request_itl_is_per_token() -> None:
     a = finished(0, 0.0, 0.100, 2, 0.200)
     b = finished(1, 0.0, 0.100, 101, 1.100)
     rec = frames([a, b])
-    rec.itl.append(0.100)  # A's single gap
-    rec.itl.extend([0.010] * 100)  # B's 100 gaps
+    rec.book_itl(0.100)  # A's single gap
+    rec.book_itl(0.010, 100)  # B's 100 gaps
     df = rec.requests_frame()
-    s = summarize(df, rec.steps_frame(), np.array(rec.itl), max_num_seqs=1,
+    s = summarize(df, rec.steps_frame(), rec.itl_samples(), max_num_seqs=1,
                   num_gpu_blocks=10, block_size=16)
     assert s["tpot_s"]["mean"] == pytest.approx(0.055)
     assert s["itl_s"]["mean"] == pytest.approx(0.01089, abs=1e-5)

@@ -1,11 +1,14 @@
 """servesim's ``chunked`` policy against vLLM 0.33's own scheduler, recorded step by step
-in ../shared/vllm-oracle/traces (no vLLM needed). With a constant step time of 1 s and
-arrival_time = arrival_step, a request's first token time equals vLLM's first_token_step
-and its finish time equals finish_step; per-step token totals and preemptions match."""
+by ../shared/vllm-oracle/oracle.py and vendored, trimmed, in tests/data/vllm_oracle (no
+vLLM and no ../shared needed; tests/data/README.md says how). With a constant step time of
+1 s and arrival_time = arrival_step, a request's first token time equals vLLM's
+first_token_step and its finish time equals finish_step; per-step token totals and
+preemptions match."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,16 +17,22 @@ from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
 from sim.simulate import simulate
 from sim.source import ColumnArrivals
-from tests.conftest import shared_path
 
+ORACLE = Path(__file__).resolve().parent / "data" / "vllm_oracle"
 CASES = ["a_preempt_fcfs", "b1_long_prefill_no_threshold", "b2_long_prefill_threshold_2048",
          "b3_threshold_2048_with_background", "d_four_slots", "t_upstream_concurrent_partial",
          "e1_random_fcfs", "c_priority", "c2_priority_tight_pool"]
 
 
+def test_every_vendored_trace_is_checked() -> None:
+    """A trace file that vanishes fails here (and in its case); a new one needs a case."""
+    assert sorted(p.name for p in ORACLE.glob("*.trace.json")) == sorted(
+        f"{c}.trace.json" for c in CASES)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_chunked_matches_vllm(case: str) -> None:
-    trace = json.loads(shared_path("vllm-oracle", "traces", f"{case}.trace.json").read_text())
+    trace = json.loads((ORACLE / f"{case}.trace.json").read_text())
     ec, reqs = trace["effective_config"], trace["requests"]
     cfg = SchedulerConfig(
         max_num_seqs=ec["max_num_seqs"], max_num_batched_tokens=ec["max_num_batched_tokens"],
@@ -34,7 +43,7 @@ def test_chunked_matches_vllm(case: str) -> None:
     arrivals = ColumnArrivals(
         [float(r["arrival_step"]) for r in reqs], [r["num_prompt_tokens"] for r in reqs],
         [r["output_len"] for r in reqs], [r["output_len"] for r in reqs],
-        [r.get("priority", 0) for r in reqs], [r["request_id"] for r in reqs],
+        [r["priority"] for r in reqs], [r["request_id"] for r in reqs],
     )
     res = simulate(arrivals, policy_factory=ChunkedPolicy, config=cfg,
                    cost_model=ConstantCostModel(1.0), num_gpu_blocks=ec["num_gpu_blocks"],

@@ -63,6 +63,7 @@ def test_search_finds_the_boundary_within_tolerance(tmp_path: Path) -> None:
     assert again.feasible and again.ttft_attainment >= 0.99
 
 
+@pytest.mark.slow
 def test_cli_plan_answer_first_with_interval_and_cluster_check(tmp_path: Path) -> None:
     out = tmp_path / "plan"
     res = runner.invoke(app, [
@@ -133,6 +134,7 @@ def test_cli_plan_bad_input(tmp_path: Path, args: list[str], word: str) -> None:
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_cli_plan_compares_prefix_caches(tmp_path: Path) -> None:
     out = tmp_path / "plan"
     res = runner.invoke(app, ["plan", "--scenario", "system-prompts", "--num-requests", "60",
@@ -170,3 +172,18 @@ def test_cli_plan_keeps_going_past_a_config_that_cannot_run(tmp_path: Path) -> N
     tp1, tp4 = plan["configs"]
     assert plan["best_config"] == 1 and tp4["knobs"] == {"tensor_parallel_size": 4}
     assert "leaves no room for the KV cache" in tp1["error"] and tp4["error"] == ""
+
+
+def test_cli_plan_takes_max_model_len_for_a_long_context_model_on_a_small_card(
+        tmp_path: Path) -> None:
+    # Llama-3.1-8B's 131,072-token context does not fit an L4's KV pool (about 45k tokens
+    # at 0.9 utilization); the plan refuses it, and plans with --max-model-len 8192.
+    args = ["plan", "--gpu", "l4", "--slo-ttft", "1", "--num-requests", "50", "--step-time",
+            "0.01", "--seed", "4", "--max-probes", "3", "--workers", "1"]
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 1 and "decrease max_model_len" in res.output, res.output
+    res = runner.invoke(app, [*args, "--max-model-len", "8192", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert plan["base"]["max_model_len"] == 8192 and plan["seeds"] == [4]
+    assert plan["configs"][0]["error"] == "" and plan["configs"][0]["interval"][0] > 0

@@ -9,12 +9,15 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies import get_policy_class
 from sim.batch import BatchPlan
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
-from sim.request import Request
+from sim.kv.block_pool import KVCacheManager
+from sim.request import Request, RequestStatus
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
 from tests.conftest import make_requests, run_sim
@@ -161,3 +164,31 @@ def test_k02_never_fitting_requests_are_rejected_under_every_policy(
     df = res.requests
     assert list(df["status"]) == ["rejected", "finished", "finished", "finished", "rejected"]
     assert (df["num_output_tokens"][1:4] == 50).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(policy=st.sampled_from(QUEUED), prompt=st.integers(1, 400), held=st.integers(44, 64),
+       full_isl=st.booleans(), allocation=st.sampled_from(["paged", "reserve"]),
+       threshold=st.sampled_from([0, 48]))
+def test_waiting_blocked_is_the_admission_test(
+    policy: str, prompt: int, held: int, full_isl: bool, allocation: str, threshold: int
+) -> None:
+    # 64 usable blocks of 16; a running decode holds `held` of them (room for its next
+    # token), leaving 0 to 20. Without a prefix cache the fast path's waiting_blocked
+    # must answer exactly whether schedule() admits the head of waiting, and change
+    # nothing itself.
+    cfg = SchedulerConfig(max_num_batched_tokens=256, long_prefill_token_threshold=threshold,
+                          scheduler_reserve_full_isl=full_isl, kv_allocation=allocation)
+    kv = KVCacheManager(65, 16)
+    pol = get_policy_class(policy)(cfg, kv)
+    decoding = Request("d", 0.0, 16, 8, 8, 0, 0)
+    decoding.num_output_tokens, decoding.num_computed_tokens = 1, 16
+    decoding.status = RequestStatus.RUNNING
+    assert kv.allocate_up_to(decoding, held * 16) is not None
+    pol.running.append(decoding)
+    head = Request("w", 0.0, prompt, 8, 8, 0, 1)
+    pol.add_request(head)
+    blocked = pol.waiting_blocked(cfg.max_num_batched_tokens - 1)
+    assert kv.num_free_blocks == 64 - held and head.status is RequestStatus.WAITING
+    plan = pol.schedule(0.0)
+    assert blocked == (head not in dict(plan.scheduled))

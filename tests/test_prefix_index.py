@@ -71,7 +71,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["look", "index", "evict", "compact", "
                          st.integers(0, 5), st.integers(0, 12), st.booleans()), max_size=60)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(OPS)
 def test_the_index_agrees_with_a_dict_model(ops: list[tuple[str, int, int, bool]]) -> None:
     """Lookups give the blocks a dict of (chain, block within it) -> block gives, through

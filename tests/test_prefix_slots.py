@@ -175,7 +175,7 @@ def session(rows: list[tuple[list[tuple[int, int]], int]], block_size: int,
     return reqs, t
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(ROWS, st.integers(1, 8))
 def test_slots_name_blocks_as_prefix_spans_do(rows: list[tuple[list[tuple[int, int]], int]],
                                               block_size: int) -> None:
@@ -199,7 +199,7 @@ def test_slots_name_blocks_as_prefix_spans_do(rows: list[tuple[list[tuple[int, i
     assert t.num_slots == max((p for row in want for p in row), default=0)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(deadline=None)
 @given(ROWS, st.lists(st.sampled_from([0.0, 0.0, 0.01, 0.2]), min_size=7, max_size=7),
        st.integers(1, 8), st.sampled_from(["block", "radix"]), st.integers(20, 120))
 def test_random_sessions_simulate_alike(rows: list[tuple[list[tuple[int, int]], int]],
@@ -244,7 +244,7 @@ def test_bad_block_size_and_lengths_are_refused() -> None:
         PrefixSlotTable.from_segments(ids, tokens[:1], off, 4)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.lists(st.tuples(st.one_of(st.integers(-2**63, 2**63 - 1),
                                              st.sampled_from([-1, -2, 5, 5 + 2**61 - 1,
                                                               2**64 + 3, -2**70])),

@@ -1,4 +1,4 @@
-"""The generated shared-prefix workloads (scenarios/prefixes.py, issue 9): the
+"""The generated shared-prefix workloads (scenarios/prefixes.py): the
 system-prompts and multi-turn presets, and prompt segments through a saved trace."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_a_readmission_hit_longer_than_the_prompt_is_held(mode: str) -> None:
     kv = make_kv(mode, 200, 1)
     req = Request("r", 0.0, 1, 100, 100, 0, 0)
     req.prompt_segments = ((7, 1),)
-    assert kv.allocate_cached(req, kv.get_computed_blocks(req), 1)
+    assert kv.allocate_slots(req, 1, kv.get_computed_blocks(req)) is not None
     req.num_computed_tokens = 1
     for _ in range(80):  # decode: one block a token
         req.num_output_tokens += 1
@@ -77,8 +77,8 @@ def test_a_readmission_hit_longer_than_the_prompt_is_held(mode: str) -> None:
     kv.free(req)  # preempted
     req.num_preemptions, req.num_computed_tokens = 1, 0
     hit = kv.get_computed_blocks(req)
-    assert hit == held[:80]
-    assert kv.allocate_cached(req, hit, req.num_tokens)
+    assert hit.block_ids == held[:80]
+    assert kv.allocate_slots(req, req.num_tokens - hit.num_computed_tokens, hit) is not None
     assert req.block_ids[:80] == held[:80] and req.num_computed_tokens == 80
     kv.free(req)
     kv.check_invariants()

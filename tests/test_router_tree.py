@@ -1,18 +1,19 @@
-"""The SGLang router's approximate prefix tree (sim/router_tree.py) and the
-``cache-aware-approx`` router built on it (sim/cluster.py): hand-computed matches, sizes,
-LRU-leaf eviction, and routing decisions in a cluster."""
+"""The SGLang router's approximate prefix tree (policies/router_tree.py) and the
+``cache-aware-approx`` router built on it (policies/routers.py): hand-computed matches,
+sizes, LRU-leaf eviction, and routing decisions in a cluster."""
 
 from __future__ import annotations
 
 import pytest
 
 from policies.chunked import ChunkedPolicy
+from policies.router_tree import ApproxPrefixTree, prompt_path
+from policies.routers import make_router
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.cluster import simulate_cluster
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
 from sim.request import Request
-from sim.router_tree import ApproxPrefixTree, prompt_path
 from sim.source import RequestListArrivals
 
 A, B, C = (1, 100), (2, 50), (3, 30)  # (segment id, tokens)
@@ -79,7 +80,8 @@ def test_bad_tree_settings_are_named(args: tuple, field: str) -> None:
 
 
 def cluster(requests: list[Request], n: int, router: str, cache: str = "block") -> list[int]:
-    res = simulate_cluster(RequestListArrivals(requests), num_replicas=n, router=router,
+    res = simulate_cluster(RequestListArrivals(requests), num_replicas=n,
+                           router=make_router(router),
                            policy_factory=ChunkedPolicy,
                            config=SchedulerConfig(prefix_cache=cache),
                            cost_model=ConstantCostModel(1.0), num_gpu_blocks=1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,7 @@ def test_a_workload_error_common_to_every_cell_is_one_line(command: str,
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_cli_sweep_writes_csv_and_offline_html_and_reruns_identically(tmp_path: Path) -> None:
     args = ["sweep", "--num-requests", "60", "--step-time", "0.02", "--max-num-seqs", "4,16",
             "--rate", "5,40", "--seeds", "0,1", "--workers", "2", "--slo-ttft", "0.5"]
@@ -144,6 +146,7 @@ def test_executor_keeps_item_order() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="ray is not installed (pip install 'servesim[ray]')")
+@pytest.mark.slow
 def test_ray_backend_matches_local() -> None:
     import ray
 
@@ -182,3 +185,40 @@ def test_a_cell_whose_knobs_make_no_config_is_an_error_row(tmp_path: Path) -> No
     assert list(df["concurrency"]) == [0, 2]
     assert df["error"].iloc[0] == "concurrency must be an integer >= 1, got 0"
     assert df["error"].iloc[1] == "" and float(df["throughput_rps"].iloc[1]) > 0
+
+
+def test_cli_sweep_takes_runs_engine_and_workload_options(tmp_path: Path) -> None:
+    # Ten requests 1 s apart, 16-token prompts but one of 100, 4 output tokens each.
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,num_prompt_tokens,output_len\n" + "".join(
+        f"{i},{100 if i == 3 else 16},4\n" for i in range(10)))
+    res = runner.invoke(app, [
+        "sweep", "--trace", str(trace), "--step-time", "0.01", "--max-num-seqs", "4,8",
+        "--max-model-len", "64", "--time-scale", "2", "--block-size", "32",
+        "--num-gpu-blocks", "500", "--kv-allocation", "reserve", "--queue", "sjf",
+        "--preemption-mode", "swap", "--swap-space", "8", "--seed", "3", "--workers", "1",
+        "--out", str(tmp_path / "sw")])
+    assert res.exit_code == 0, res.output
+    base = json.loads((tmp_path / "sw" / "sweep.json").read_text())["base"]
+    assert {k: base[k] for k in ("max_model_len", "time_scale", "block_size", "num_gpu_blocks",
+                                 "kv_allocation", "queue", "preemption_mode", "swap_space")} == {
+        "max_model_len": 64, "time_scale": 2.0, "block_size": 32, "num_gpu_blocks": 500,
+        "kv_allocation": "reserve", "queue": "sjf", "preemption_mode": "swap",
+        "swap_space": 8.0}
+    df = pd.read_csv(tmp_path / "sw" / "sweep.csv")
+    assert list(df["seed"]) == [3, 3]  # --seed is --seeds
+    assert list(df["num_rejected"]) == [1, 1]  # 100 + 4 tokens > max_model_len 64
+    assert list(df["offered_rate"]) == [2.0, 2.0]  # 9 gaps of 1 s, twice as fast
+    # One request at a time holds one 32-token block (16 + 4 reserved) of the 499 usable
+    # (block 0 is vLLM's null block).
+    assert df["kv_peak_usage"].tolist() == pytest.approx([1 / 499, 1 / 499])
+
+
+def test_the_cli_lists_every_axis_sweep_and_plan_vary() -> None:
+    # The CLI declares its axes without importing the runs (kept light for --help).
+    from sim.app.cli.capacity import PLAN_AXES as CLI_PLAN_AXES
+    from sim.app.cli.capacity import SWEEP_AXES
+    from sim.app.runs.plan import PLAN_AXES
+    from sim.app.runs.sweep import AXES
+
+    assert tuple(AXES) == SWEEP_AXES and CLI_PLAN_AXES == PLAN_AXES

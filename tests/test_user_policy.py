@@ -1,5 +1,6 @@
 """User policies (``--policy module:Class`` or ``path/to/file.py:Class``): the worked
-example of docs/policies.md through the CLI, load errors as one line, and the engine's
+example of docs/policies.md through the CLI, load errors as one line, the fast-path
+promise that a subclass overriding schedule() does not inherit, and the engine's
 watchdog against a deliberately broken policy that preempts and re-admits forever."""
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ from typer.testing import CliRunner
 
 from policies import get_policy_class
 from policies.base import QueuePolicy
+from policies.chunked import ChunkedPolicy
 from sim.app.cli.main import app
 from sim.batch import BatchPlan
+from sim.config import SchedulerConfig
+from sim.cost_model import ConstantCostModel
 from sim.engine import SchedulerStuck
+from sim.fastpath import FastPath, Run
+from sim.interface import declares
+from sim.kv.block_pool import KVCacheManager
+from sim.request import Request
+from sim.simulate import SimResult, simulate
+from sim.source import RequestListArrivals
 from tests.conftest import make_requests, run_sim
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "longest_waiting.py"
@@ -79,6 +89,127 @@ def test_a_non_policy_class_is_refused_by_every_command(command: list[str],
     assert res.exit_code == 1, res.output
     assert res.output.startswith("error: policy '") and res.output.count("\n") == 1
     assert "is not a policy class" in res.output
+
+
+LongestWaitingFirst = get_policy_class(EXAMPLE_POLICY)
+
+#: What a watching policy saw at each schedule() call: the time, and each running
+#: request's (num_computed_tokens, num_output_tokens).
+Seen = list[tuple[float, tuple[tuple[int, int], ...]]]
+
+
+class WatchingLongestWaiting(LongestWaitingFirst):  # type: ignore[misc, valid-type]
+    """docs/examples/longest_waiting.py with schedule() overridden to watch every call:
+    the promise of ChunkedPolicy's steady_decode is about ChunkedPolicy's schedule(), so
+    this class does not inherit it."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        super().__init__(config, kv)
+        self.seen: Seen = []
+
+    def schedule(self, now: float) -> BatchPlan:
+        self.seen.append((now, tuple((r.num_computed_tokens, r.num_output_tokens)
+                                     for r in self.running)))
+        return super().schedule(now)
+
+
+class PromisingWatcher(WatchingLongestWaiting):
+    """The watcher that makes the promise itself, in its own class body: its schedule()
+    plans steady decodes as ChunkedPolicy's does."""
+
+    steady_decode = ChunkedPolicy.steady_decode
+    attach_decode_group = ChunkedPolicy.attach_decode_group
+
+
+class ReleaseWatcher(LongestWaitingFirst):  # type: ignore[misc, valid-type]
+    """Overrides on_step_end(), which a run does not call for each step either."""
+
+    def on_step_end(self, done: list[Request], now: float) -> list[Request]:
+        return super().on_step_end(done, now)
+
+
+def test_a_promise_is_declared_by_the_class_that_schedules() -> None:
+    kv = KVCacheManager(100, 16)
+    cfg = SchedulerConfig()
+    for cls, promised in ((ChunkedPolicy, True), (LongestWaitingFirst, True),
+                          (WatchingLongestWaiting, False), (ReleaseWatcher, False),
+                          (PromisingWatcher, True)):
+        policy = cls(cfg, kv)
+        assert declares(policy, "steady_decode") is promised, cls
+        assert declares(policy, "attach_decode_group") is promised, cls
+    assert not declares(QueuePolicy(cfg, kv), "steady_decode")  # no such hook
+
+
+def watched_run(cls: type, fast_path: bool, outputs: list[int], prompt: list[int],
+                arrivals: list[float]) -> tuple[SimResult, Seen]:
+    policies: list[WatchingLongestWaiting] = []
+
+    def factory(config: SchedulerConfig, kv: KVCacheManager) -> WatchingLongestWaiting:
+        policies.append(cls(config, kv))
+        return policies[-1]
+
+    res = simulate(RequestListArrivals(make_requests(outputs, prompt, arrivals)),
+                   policy_factory=factory, config=SchedulerConfig(max_num_seqs=4),
+                   cost_model=ConstantCostModel(1.0), num_gpu_blocks=1000,
+                   fast_path=fast_path)
+    return res, policies[0].seen
+
+
+def test_a_subclass_that_overrides_schedule_runs_step_by_step() -> None:
+    # Three requests (prompt 10, 20 tokens each) at t = 0: one prefill step, 19 decode
+    # steps, and the call at t = 20 that finds nothing left: 21 schedule() calls, the
+    # k-th (k >= 1) at t = k seeing (10 + k - 1, k) for each request.
+    args = ([20, 20, 20], [10, 10, 10], [0.0, 0.0, 0.0])
+    ref, ref_seen = watched_run(WatchingLongestWaiting, False, *args)
+    fast, seen = watched_run(WatchingLongestWaiting, True, *args)
+    assert seen == ref_seen
+    assert len(seen) == 21
+    assert seen[0] == (0.0, ())
+    assert seen[5] == (5.0, ((14, 5),) * 3)
+    assert seen[20] == (20.0, ())
+    assert fast.requests.equals(ref.requests) and fast.steps.equals(ref.steps)
+    # Arrivals while others decode, prompts of different lengths: the same calls and
+    # records as the reference. The request arriving at 2.5 is prefilled in the step
+    # starting at 3 and samples its 33rd token at 36: a call at every t = 0, 1, ..., 36.
+    args = ([20, 33, 6], [10, 50, 7], [0.0, 2.5, 4.0])
+    ref, ref_seen = watched_run(WatchingLongestWaiting, False, *args)
+    fast, seen = watched_run(WatchingLongestWaiting, True, *args)
+    assert seen == ref_seen
+    assert [t for t, _ in seen] == [float(t) for t in range(37)]
+    assert seen[4] == (4.0, ((13, 4), (50, 1)))
+    assert fast.requests.equals(ref.requests) and fast.steps.equals(ref.steps)
+
+
+def test_example_policy_keeps_the_fast_path_with_the_references_records(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The KV-pressure workload above, plus later arrivals: preemptions requeue by the
+    # last token's time, and steady decodes between them run on the fast path.
+    runs: list[int] = []
+    apply = FastPath.apply
+
+    def spy(self: FastPath, run: Run) -> list[Request]:
+        runs.append(len(run.times) - 1)
+        return apply(self, run)
+
+    monkeypatch.setattr(FastPath, "apply", spy)
+    res = [simulate(RequestListArrivals(make_requests([64, 64, 4, 30, 12], prompt=16,
+                                                      arrivals=[0, 0, 2, 20, 21])),
+                    policy_factory=LongestWaitingFirst, config=SchedulerConfig(max_num_seqs=2),
+                    cost_model=ConstantCostModel(1.0), num_gpu_blocks=9, fast_path=fast)
+           for fast in (False, True)]
+    assert runs and res[0].summary["num_preemptions"] > 0
+    assert res[1].requests.equals(res[0].requests) and res[1].steps.equals(res[0].steps)
+
+
+def test_a_subclass_that_declares_the_promise_takes_the_fast_path() -> None:
+    # The same 21-step workload: the prefill step at t = 0, then one run of the 19
+    # decode steps; the call at t = 20 finds nothing left. The records are the
+    # reference's.
+    args = ([20, 20, 20], [10, 10, 10], [0.0, 0.0, 0.0])
+    ref, _ = watched_run(WatchingLongestWaiting, False, *args)
+    fast, seen = watched_run(PromisingWatcher, True, *args)
+    assert [t for t, _ in seen] == [0.0, 20.0]
+    assert fast.requests.equals(ref.requests) and fast.steps.equals(ref.steps)
 
 
 class Flapper(QueuePolicy):

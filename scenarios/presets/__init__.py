@@ -6,7 +6,7 @@ Owns the preset table (plain Python, no TOML parser needed on Python 3.10) and
 later) resolves; the import path is ``scenarios.presets`` either way.
 
 Presets (lengths fitted as a log-normal with median = p50 and sigma = sqrt(2 ln(mean/p50)),
-clipped to the range observed in the trace; statistics from /work/shared/traces/README.md):
+clipped to the range observed in the trace; statistics from ../shared/traces/README.md):
 
 - ``default``: chat traffic. Poisson at 5.0 req/s (close to the Azure conversation trace's
   5.53 req/s), 1,000 requests. Prompt: Azure conv 2023 input mean 1,154.7 / p50 1,020

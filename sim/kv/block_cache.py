@@ -8,17 +8,14 @@ caches share sim/kv/prefix_cache.py; docs/prefix_caching.md explains the whole.
 
 from __future__ import annotations
 
-from array import array
-from itertools import compress
 from typing import ClassVar
 
 import numpy as np
 
 from sim.kv.block_pool import cdiv
-from sim.kv.prefix_cache import PrefixCachingKV
+from sim.kv.free_block_queue import FreeKVCacheBlockQueue
+from sim.kv.prefix_cache import ComputedBlocks, PrefixCachingKV
 from sim.request import Request
-
-_SCAN = 4096  # queue entries looked ahead for the next stale one
 
 
 class BlockHashCache(PrefixCachingKV):
@@ -35,119 +32,31 @@ class BlockHashCache(PrefixCachingKV):
     generated tokens (the next turn of its session, or itself after a preemption), so
     the hits are the same, without a hash per block_size generated tokens.
 
-    The queue is an array read from ``_head`` to ``_tail``, each entry stamped with the
-    free that put it there (``_qstamp``); taking a free block out of the middle (a hit)
-    only changes its ``_stamp``, so the entry is skipped when the head reaches it
-    (``_nstale`` such entries wait in the queue). Taking blocks is a slice of the queue
-    up to ``_clear_to``, a bound below which no entry is stale: each free's entries are
-    one group, pushed in stamp order, whose first position (``_group_at``, counted from
-    the queue's first push: ``_base`` is what was dropped from the front) bounds a stale
-    entry of that group from below; when the head reaches the bound, the entries ahead
-    are scanned for the next stale one. ``_qlist`` holds the same entries as Python
-    ints, the ones of the freed requests' block lists: a request's ``block_ids`` are
-    slices of it, so no int is made per block (``_qlist[i] == _queue[i]`` from
-    ``_head`` to ``_tail``)."""
+    The free queue is sim/kv/free_block_queue.py (``free_block_queue``); what taking a
+    block from it evicts is decided here."""
 
-    __slots__ = ("_base", "_clear_to", "_group_at", "_head", "_nfree", "_nstale", "_qlist",
-                 "_qstamp", "_queue", "_stamp", "_stamps", "_tail")
+    __slots__ = ("free_block_queue",)
     mode: ClassVar[str] = "block"
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         super().__init__(num_gpu_blocks, block_size)
         self._free = []  # the queue below is the free pool
-        n = num_gpu_blocks - 1
-        self._queue = np.zeros(2 * n + 16, np.int64)
-        self._queue[:n] = np.arange(1, num_gpu_blocks)
-        self._qlist = list(range(1, num_gpu_blocks))
-        self._qstamp = np.zeros(2 * n + 16, np.int64)
-        self._qstamp[:n] = 1
-        self._stamp = np.ones(num_gpu_blocks, np.int64)  # a block's live entry; 0 = none
-        self._stamps = 1
-        self._head, self._tail = 0, n
-        self._nfree = n
-        self._nstale = 0
-        # By stamp: where its entries start (stamp 1: all blocks); 8 bytes a free.
-        self._group_at = array("q", [0, 0])
-        self._base = 0
-        self._clear_to = 0
+        self.free_block_queue = FreeKVCacheBlockQueue(num_gpu_blocks)
 
     @property
     def num_free_blocks(self) -> int:
-        return self._nfree
+        return self.free_block_queue.num_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_gpu_blocks - 1 - self._nfree
-
-    def _take(self, k: int) -> tuple[np.ndarray, list[int]]:
-        """The k blocks at the head of the free queue (k <= the free blocks), as an
-        array and as a list."""
-        assert k <= self._nfree, "the caller checked the free blocks"
-        q, ql, h = self._queue, self._qlist, self._head
-        if not self._nstale or k == 0 or self._base + h + k <= self._clear_to:
-            out, out_list = q[h:h + k], ql[h:h + k]
-            h += k
-        else:
-            # Windows of the queue, each larger than the blocks still wanted by a margin
-            # that doubles (a freed request hit whole by its next turn leaves hundreds
-            # of stale entries in a row), cut after the last live entry wanted.
-            qs, stamp = self._qstamp, self._stamp
-            parts, out_list = [], []
-            margin = 16
-            while len(out_list) < k:
-                want = k - len(out_list)
-                m = min(h + want + min(margin, self._nstale), self._tail)
-                seg = q[h:m]
-                live = stamp[seg] == qs[h:m]
-                at = np.flatnonzero(live)
-                if len(at) > want:
-                    m = h + int(at[want - 1]) + 1
-                    seg, live = seg[:m - h], live[:m - h]
-                parts.append(seg[live])
-                out_list += compress(ql[h:m], live.tolist())
-                self._nstale -= m - h - len(parts[-1])
-                h = m
-                margin *= 2
-            out = np.concatenate(parts)
-            if self._nstale:  # the next stale entry, or a bound _SCAN entries ahead
-                end = min(h + _SCAN, self._tail)
-                ahead = np.flatnonzero(self._stamp[q[h:end]] != self._qstamp[h:end])
-                self._clear_to = self._base + h + (int(ahead[0]) if len(ahead) else end - h)
-        self._head = h
-        self._nfree -= k
-        return out, out_list
-
-    def _push(self, blocks: np.ndarray, blocks_list: list[int], stamp: int) -> None:
-        """Append ``blocks`` (``blocks_list``: the same as a list) to the tail of the
-        free queue with ``stamp``."""
-        n, t = len(blocks), self._tail
-        if t + n > len(self._queue):  # move the live part to the front, grow if need be
-            h = self._head
-            size = len(self._queue)
-            while 2 * (t - h + n) > size:
-                size *= 2
-            for name in ("_queue", "_qstamp"):
-                old = getattr(self, name)
-                arr = old if size == len(old) else np.zeros(size, np.int64)
-                arr[:t - h] = old[h:t]
-                setattr(self, name, arr)
-            del self._qlist[:h]
-            self._base += h
-            self._head, t = 0, t - h
-        self._queue[t:t + n] = blocks
-        self._qstamp[t:t + n] = stamp
-        self._group_at.append(self._base + t)
-        self._qlist += blocks_list
-        self._tail = t + n
+        return self.num_gpu_blocks - 1 - self.free_block_queue.num_free_blocks
 
     def allocate_up_to(self, request: Request, num_tokens: int) -> list[int] | None:
         need = cdiv(num_tokens, self.block_size) - len(request.block_ids)
+        queue = self.free_block_queue
         new: list[int] = []
-        if need == 1 and self._nfree and (not self._nstale or self._base + self._head
-                                          < self._clear_to):  # a decode's next block
-            b = self._qlist[self._head]
-            self._head += 1
-            self._nfree -= 1
+        if need == 1 and queue.num_free_blocks:  # a decode's next block
+            b = queue.popleft()
             key = self._index.key
             if key.item(b):
                 key[b] = 0
@@ -156,9 +65,9 @@ class BlockHashCache(PrefixCachingKV):
             request.block_ids.append(b)
             new = [b]
         elif need > 0:
-            if need > self._nfree:
+            if need > queue.num_free_blocks:
                 return None
-            arr, new = self._take(need)
+            arr, new = queue.popleft_n_array(need)
             start = len(request.block_ids)
             # The taken blocks still indexed are evicted now; their entries are dropped
             # as they are indexed again below (most are), one write a block.
@@ -181,15 +90,11 @@ class BlockHashCache(PrefixCachingKV):
         return new
 
     def allocate_one_each(self, requests: list[Request]) -> None:
-        n = len(requests)
         if self._decodes_registering(requests):
             return
         key, ref = self._index.key, self._ref_cnt
-        if n > 8 or self._nstale:
-            # A decode run's blocks (sim/decode_group.py), or blocks behind stale queue
-            # entries (hits on free blocks): the next n live ones, as arrays, in the order
-            # one allocate_up_to per request would take them.
-            arr, got = self._take(n)
+        if len(requests) > 8:  # a decode run's blocks (sim/decode_group.py): as arrays
+            arr, got = self.free_block_queue.popleft_n_array(len(requests))
             evicted = int(np.count_nonzero(key[arr]))
             if evicted:
                 key[arr] = 0
@@ -198,14 +103,8 @@ class BlockHashCache(PrefixCachingKV):
             for r, b in zip(requests, got, strict=True):
                 r.block_ids.append(b)
             return
-        ql = self._qlist
-        h = self._head
-        self._head = h + n
-        self._nfree -= n
         evicted = 0
-        for r in requests:
-            b = ql[h]
-            h += 1
+        for r, b in zip(requests, self.free_block_queue.popleft_n(len(requests)), strict=True):
             if key.item(b):
                 key[b] = 0
                 evicted += 1
@@ -222,23 +121,12 @@ class BlockHashCache(PrefixCachingKV):
         self._committed_to(req, full)
         return fresh
 
-    def allocate_cached(self, req: Request, hit: list[int], num_tokens: int) -> bool:
-        if self.num_new_blocks(req, hit, num_tokens) > self._nfree:
-            return False
-        if hit:
-            h = self._hit_array(hit)
-            ref = self._ref_cnt
-            if self._touched[1]:  # free blocks leave the queue: their entries go stale
-                taken = h[ref[h] == 0]
-                if len(taken):  # their entries' groups start at or before them
-                    first = self._group_at[int(self._stamp[taken].min())]
-                    if not self._nstale or first < self._clear_to:
-                        self._clear_to = first
-                self._stamp[taken] = 0
-                self._nfree -= len(taken)
-                self._nstale += len(taken)
-            ref[h] += 1
-        return self._finish_admission(req, hit, num_tokens)
+    def _reuse(self, hit: ComputedBlocks) -> None:
+        h = hit.array
+        ref = self._ref_cnt
+        if self._touched[1]:  # hit blocks that were free leave the queue
+            self.free_block_queue.remove(h[ref[h] == 0])
+        ref[h] += 1
 
     def free(self, request: Request) -> int:
         self._release(request)
@@ -261,28 +149,13 @@ class BlockHashCache(PrefixCachingKV):
             zero_list = zero.tolist()
         n = len(zero)
         if n:
-            self._stamps += 1
-            self._stamp[zero] = self._stamps
-            self._push(zero, zero_list, self._stamps)
-            self._nfree += n
+            self.free_block_queue.append_n(zero, zero_list)
         return n
 
-    def free_queue(self) -> list[int]:
-        """The free blocks in eviction order (head first; for tests)."""
-        q = self._queue[self._head:self._tail]
-        return q[self._stamp[q] == self._qstamp[self._head:self._tail]].tolist()
-
     def check_invariants(self) -> None:
-        queue = self.free_queue()
-        free = set(queue)
-        assert len(free) == len(queue) == self._nfree, "free queue count"
+        queue = self.free_block_queue
+        queue.check()
+        free = set(queue.get_all_free_blocks())
         self._check_common(free)
         held = int(np.count_nonzero(self._ref_cnt[1:] > 0))
         assert held + len(free) == self.num_usable_blocks, "a block is neither free nor held"
-        h, t = self._head, self._tail
-        assert self._qlist[h:t] == self._queue[h:t].tolist(), "queue list"
-        stale = np.flatnonzero(self._stamp[self._queue[h:t]] != self._qstamp[h:t])
-        assert len(stale) == self._nstale, "stale entries miscounted"
-        if self._nstale:
-            assert self._base + h + stale[0] >= self._clear_to, "a stale entry below the bound"
-        assert len(self._group_at) == self._stamps + 1, "a free's group start missing"

@@ -4,19 +4,23 @@ sim/kv/radix_cache.py, the factory sim/kv/factory.py; what a prompt says and wha
 each of its blocks (segments, chains, spans) is sim/kv/prefix_content.py. User guide:
 docs/prefix_caching.md.
 
-**The cache interface** (both modes subclass KVCacheManager, so policies and the engine
-use them unchanged): ``get_computed_blocks(req)`` gives the cached blocks of the longest
-cached prefix of a waiting request, capped so the last known token is always computed
-(vLLM's ``num_tokens - 1``, in whole blocks); ``num_new_blocks(req, hit, n)`` is how many
-free blocks admitting it would take; ``allocate_cached(req, hit, n)`` admits it with those
-blocks (reference counted) and sets ``num_computed_tokens`` to the hit, so the engine
-schedules only the rest and the cost model prices the prefill over the cached context.
+**The cache interface** (both modes subclass KVCacheManager, so the engine and the
+decode paths use them unchanged) is vLLM's two calls: ``get_computed_blocks(req)`` gives a
+waiting request's hit, a frozen ``ComputedBlocks``: the cached blocks of its longest cached
+prefix, capped so the last known token is always computed (vLLM's ``num_tokens - 1``, in
+whole blocks), and the tokens they hold; ``allocate_slots(req, n, hit)`` admits it with
+those blocks (reference counted) and ``n`` new tokens after them, setting
+``num_computed_tokens`` to the hit, so the engine schedules only the rest and the cost
+model prices the prefill over the cached context; None (nothing changes) when the blocks
+do not fit. Between the two, ``get_num_blocks_to_allocate(req, num_tokens, hit)`` says how
+many free blocks that would take (a policy's admission test), and ``may_fit`` rules out,
+without a lookup, a request whose whole sequence cannot fit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -27,9 +31,23 @@ from sim.kv.prefix_index import PrefixIndex
 from sim.request import Request
 
 _NO_BLOCKS = np.zeros(0, np.int64)
+_NO_BLOCKS.flags.writeable = False
 # A lookup as long as this that finds what the request's last one found keeps its list
 # (no Python int per block made again).
 _SAME_CHECK = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ComputedBlocks:
+    """A waiting request's prefix-cache hit, from ``get_computed_blocks`` for
+    ``allocate_slots`` (vLLM's KVCacheBlocks with num_new_computed_tokens): the cached
+    blocks of its longest cached prefix, first block first, and the tokens they hold.
+    ``array`` is ``block_ids`` as int64 (the cache's vector operations read it). Both
+    belong to the cache's memo of the lookup: read them, never change them."""
+
+    block_ids: list[int]
+    num_computed_tokens: int
+    array: np.ndarray = field(repr=False, compare=False)
 
 
 @dataclass(slots=True)
@@ -98,8 +116,8 @@ class PrefixCachingKV(KVCacheManager):
     each request's blocks are registered, the lookup and the statistics. Subclasses own
     the free pool, eviction and registration."""
 
-    __slots__ = ("_arrays", "_committed", "_index", "_last_hit", "_last_lookup", "_ref_cnt",
-                 "_registered", "_touched", "_unregistered", "stats")
+    __slots__ = ("_arrays", "_committed", "_index", "_last_lookup", "_ref_cnt", "_registered",
+                 "_touched", "_unregistered", "stats")
     mode: ClassVar[str] = ""
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
@@ -113,31 +131,20 @@ class PrefixCachingKV(KVCacheManager):
         # A holding request's block_ids as an array: [buffer, n], buffer[:n] ==
         # block_ids[:n]; blocks appended one at a time (decodes) are copied when needed.
         self._arrays: dict[Request, list[Any]] = {}
-        # A waiting request's last lookup: its hit length, the counts of blocks registered
-        # and evicted then, its limit, the hit as a list and as an array (get_computed_
-        # blocks, may_fit); blocks ever registered (a hit grows by at most one each).
-        self._last_lookup: dict[Request, tuple[int, int, int, int, list[int], np.ndarray]] = {}
+        # A waiting request's last lookup: the counts of blocks registered and evicted
+        # then, its limit and its hit (get_computed_blocks, may_fit); blocks ever
+        # registered (a hit grows by at most one each).
+        self._last_lookup: dict[Request, tuple[int, int, int, ComputedBlocks]] = {}
         self._registered = 0
-        # The last hit returned, as a list and as an array (the policy hands it back).
-        self._last_hit: tuple[list[int] | None, np.ndarray] = (None, _NO_BLOCKS)
-        # The last hit asked about in num_new_blocks and how many of its blocks were
-        # free, for the admission that follows at once; reset by lookups and admissions.
-        self._touched: tuple[list[int] | None, int] = (None, 0)
+        # The last hit asked about in get_num_blocks_to_allocate and how many of its
+        # blocks were free, for the admission that follows at once; reset by lookups and
+        # admissions.
+        self._touched: tuple[ComputedBlocks | None, int] = (None, 0)
         self.stats = PrefixCacheStats()
 
     @property
     def num_used_blocks(self) -> int:
         return self.num_gpu_blocks - 1 - self.num_free_blocks
-
-    def _finish_admission(self, req: Request, hit: Any, num_tokens: int) -> bool:
-        """The shared end of an admission (both modes): hand the hit blocks to ``req``,
-        record the hit, and allocate its uncached tokens (checked to fit before)."""
-        self._set_blocks(req, hit)
-        self._admitted(req, hit)
-        self._touched = (None, 0)
-        ok = self.allocate_up_to(req, num_tokens)
-        assert ok is not None, "checked above"
-        return True
 
     def can_fit(self, request: Request, num_tokens: int) -> bool:
         need = cdiv(num_tokens, self.block_size) - len(request.block_ids)
@@ -148,31 +155,29 @@ class PrefixCachingKV(KVCacheManager):
         return self._index.num_cached()
 
     # -- lookup --
-    def get_computed_blocks(self, req: Request) -> list[int]:
-        """The cached blocks of ``req``'s longest cached prefix, at most (num_tokens - 1)
-        // block_size of them, so the last known token is always computed (vLLM's
-        ``max_cache_hit_length``; SGLang's ``input_len - 1``). Changes nothing. A lookup
-        is kept with the counts of blocks registered and evicted then, which every
-        change of the index moves: asked again before either moved (a head of waiting
-        that did not fit, asked by may_fit and then by the policy), it gives the same
-        list without looking up again."""
+    def get_computed_blocks(self, req: Request) -> ComputedBlocks:
+        """``req``'s hit: the cached blocks of its longest cached prefix, at most
+        (num_tokens - 1) // block_size of them, so the last known token is always
+        computed (vLLM's ``max_cache_hit_length``; SGLang's ``input_len - 1``). Changes
+        nothing. A lookup is kept with the counts of blocks registered and evicted then,
+        which every change of the index moves: asked again before either moved (a head of
+        waiting that did not fit, asked by may_fit and then by the policy), it gives the
+        same hit without looking up again."""
         limit = (req.num_tokens - 1) // self.block_size
         last = self._last_lookup.get(req)
-        if (last is not None and last[1] == self._registered
-                and last[2] == self.stats.evicted_blocks and last[3] == limit):
-            hit = last[4]
-            self._last_hit = (hit, last[5])
+        evicted = self.stats.evicted_blocks
+        if (last is not None and last[0] == self._registered and last[1] == evicted
+                and last[2] == limit):
+            hit = last[3]
         else:
             found = (self._index.lookup(self._index.positions(req, limit), limit)
                      if limit > 0 else _NO_BLOCKS)
-            if (last is not None and len(found) == last[0] > _SAME_CHECK
-                    and (found == last[5]).all()):
-                hit = last[4]  # unchanged: a blocked head of waiting, asked again
+            if (last is not None and len(found) == len(last[3].block_ids) > _SAME_CHECK
+                    and (found == last[3].array).all()):
+                hit = last[3]  # unchanged: a blocked head of waiting, asked again
             else:
-                hit = found.tolist()
-            self._last_lookup[req] = (len(hit), self._registered, self.stats.evicted_blocks,
-                                      limit, hit, found)
-            self._last_hit = (hit, found)
+                hit = ComputedBlocks(found.tolist(), len(found) * self.block_size, found)
+            self._last_lookup[req] = (self._registered, evicted, limit, hit)
         self._touched = (None, 0)
         return hit
 
@@ -190,7 +195,7 @@ class PrefixCachingKV(KVCacheManager):
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of ``req``'s prompt a lookup now would find cached."""
-        return len(self.get_computed_blocks(req)) * self.block_size
+        return self.get_computed_blocks(req).num_computed_tokens
 
     def may_fit(self, req: Request, num_tokens: int, reserve: int = 0) -> bool:
         """False when admitting ``req`` for ``num_tokens`` tokens certainly needs more
@@ -207,41 +212,61 @@ class PrefixCachingKV(KVCacheManager):
             return True
         need = -(-num_tokens // self.block_size)
         room = self.num_free_blocks - reserve
-        registered = self._registered - last[1]
-        if need - last[0] - registered > room:
+        registered = self._registered - last[0]
+        hit = len(last[3].block_ids)
+        if need - hit - registered > room:
             return False
         if registered:
-            return need - len(self.get_computed_blocks(req)) <= room
-        return need - last[0] <= room
+            return need - len(self.get_computed_blocks(req).block_ids) <= room
+        return need - hit <= room
 
-    def _hit_array(self, hit: list[int]) -> np.ndarray:
-        """``hit`` as an array (the one the lookup made when it is that lookup's list)."""
-        if hit is self._last_hit[0]:
-            return self._last_hit[1]
-        return np.array(hit, np.int64)
-
-    def num_new_blocks(self, req: Request, hit: list[int], num_tokens: int) -> int:
-        """Free blocks that admitting ``req`` with ``hit`` for ``num_tokens`` tokens
-        would take: new blocks plus the hit blocks that were free (evictable), whose
-        count it leaves in ``_touched`` (allocate_cached asks it first)."""
+    # -- admission --
+    def get_num_blocks_to_allocate(self, req: Request, num_tokens: int,
+                                   hit: ComputedBlocks) -> int:
+        """Free blocks that admitting ``req`` with ``hit`` for ``num_tokens`` tokens in
+        all would take: new blocks plus the hit blocks that were free (evictable), whose
+        count it leaves in ``_touched`` (allocate_slots asks it first)."""
         if hit is self._touched[0]:  # asked again about the same lookup, nothing changed
             touched = self._touched[1]
         else:
-            touched = (len(hit) - int(np.count_nonzero(self._ref_cnt[self._hit_array(hit)]))
-                       if hit else 0)
+            touched = (len(hit.block_ids) - int(np.count_nonzero(self._ref_cnt[hit.array]))
+                       if hit.block_ids else 0)
             self._touched = (hit, touched)
-        return cdiv(num_tokens, self.block_size) - len(hit) - len(req.block_ids) + touched
+        return (cdiv(num_tokens, self.block_size) - len(hit.block_ids) - len(req.block_ids)
+                + touched)
 
-    def allocate_cached(self, req: Request, hit: list[int], num_tokens: int) -> bool:
-        """Admit ``req`` reusing ``hit`` (from get_computed_blocks) and allocating up to
-        ``num_tokens`` tokens; False (nothing changes) when the blocks do not fit."""
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       hit: ComputedBlocks | None = None) -> list[int] | None:
+        """Make room for ``num_new_tokens`` more computed tokens of ``request``. With
+        ``hit`` (get_computed_blocks' answer for a request holding no blocks) admit it:
+        it holds the hit's blocks (a reference each), its num_computed_tokens starts at
+        the hit (recorded in ``stats``) and the new tokens follow. Returns the newly
+        allocated block ids, or None when the blocks do not fit; nothing changes then."""
+        if hit is None:
+            return self.allocate_up_to(request, request.num_computed_tokens + num_new_tokens)
+        assert not request.block_ids, "a hit is for a request holding no blocks"
+        num_tokens = request.num_computed_tokens + hit.num_computed_tokens + num_new_tokens
+        if self.get_num_blocks_to_allocate(request, num_tokens, hit) > self.num_free_blocks:
+            return None
+        if hit.block_ids:
+            self._reuse(hit)
+        self._set_blocks(request, hit)
+        self._admitted(request, hit)
+        self._touched = (None, 0)
+        new = self.allocate_up_to(request, num_tokens)
+        assert new is not None, "checked above"
+        return new
+
+    def _reuse(self, hit: ComputedBlocks) -> None:
+        """Give each of the hit's blocks one more reference, taking those that were free
+        (``_touched``) out of the free pool; the caller checked the blocks fit."""
         raise NotImplementedError
 
     # -- a request's blocks as an array --
-    def _set_blocks(self, req: Request, hit: list[int]) -> None:
-        """Admission: ``req`` holds ``hit`` (the last lookup's, or a copy)."""
-        req.block_ids = list(hit)
-        h = self._hit_array(hit)
+    def _set_blocks(self, req: Request, hit: ComputedBlocks) -> None:
+        """Admission: ``req`` holds the hit's blocks."""
+        req.block_ids = list(hit.block_ids)
+        h = hit.array
         # Room for every known token's block (a re-admission's hit may cover generated
         # ones) and some output: seldom grown.
         buf = np.empty(req.num_tokens // self.block_size + 64, np.int64)
@@ -325,12 +350,12 @@ class PrefixCachingKV(KVCacheManager):
         self._unregistered.discard(request)
         return self._committed.pop(request, 0)
 
-    def _admitted(self, req: Request, hit: list[int]) -> None:
+    def _admitted(self, req: Request, hit: ComputedBlocks) -> None:
         """Book-keeping of an admission with ``hit``: its blocks are registered already,
         its computed tokens start at the hit."""
-        self._committed_to(req, len(hit))
+        self._committed_to(req, len(hit.block_ids))
         self._last_lookup.pop(req, None)
-        n = len(hit) * self.block_size
+        n = hit.num_computed_tokens
         req.num_computed_tokens = n
         self.stats.record(req, n)
 

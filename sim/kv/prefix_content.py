@@ -50,7 +50,6 @@ CHAIN_ROOT = 0x5E12E51
 MIX_1, MIX_2, MIX_GOLD = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
 _INT64 = 1 << 63
-_OPEN = 1 << 62  # the answer segment's end block
 
 Segments = tuple[tuple[int, int], ...]
 
@@ -115,10 +114,11 @@ def chain_hash(chain: int, prev_tokens: int, sid: int) -> int:
 
 
 def prefix_spans(req: Request, block_size: int) -> list[int]:
-    """``req.prefix_spans``, computed on first use: for each segment (the answer last,
-    open-ended) holding the end of at least one block, its chain, the first block ending
-    in it and the block after the last one, flat (three ints a segment: no tuple per
-    segment for the garbage collector to visit). See the module docstring."""
+    """``req.prefix_spans``, computed on first use: for each segment holding the end of
+    at least one block, its chain, the first block ending in it and the block after the
+    last one, flat (three ints a segment: no tuple per segment for the garbage collector
+    to visit); the answer last, always, as max_tokens tokens (no request generates
+    more). See the module docstring."""
     spans = req.prefix_spans
     if spans is not None:
         return spans
@@ -134,6 +134,6 @@ def prefix_spans(req: Request, block_size: int) -> list[int]:
             spans += (chain, j0, j1)
         prev_len, j0 = length, j1
     chain = chain_hash(chain, prev_len, answer_segment_id(req.request_id))
-    spans += (chain, j0, _OPEN)
+    spans += (chain, j0, (start + req.max_tokens) // block_size)
     req.prefix_spans = spans
     return spans

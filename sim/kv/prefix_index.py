@@ -187,7 +187,7 @@ class PrefixIndex:
                 lens.append(i1 - i0)
             end = s + i1 - i0
             if j1 > n:
-                break  # the open answer span: positions end inside it
+                break  # the answer span: positions end inside it
         self._top = top
         return starts, lens, k
 
@@ -324,7 +324,7 @@ class PrefixIndex:
     def index_new(self, req: Request, start: int, blocks: np.ndarray) -> bool:
         """Index ``blocks`` as ``req``'s blocks from ``start`` when nothing can be there
         yet, as slices: with slots made here, when that is where its last segment begins
-        (its answer, open-ended: indexed at release) and no request met that chain before
+        (its answer: indexed at release) and no request met that chain before
         (one new extent); with fixed slots, when the blocks lie in its last run of
         positions and none of those slots was ever written. False, and nothing done,
         otherwise."""

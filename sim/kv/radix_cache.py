@@ -39,7 +39,7 @@ from typing import ClassVar
 import numpy as np
 
 from sim.kv.block_pool import cdiv
-from sim.kv.prefix_cache import PrefixCachingKV
+from sim.kv.prefix_cache import ComputedBlocks, PrefixCachingKV
 from sim.request import Request
 
 
@@ -236,16 +236,10 @@ class RadixCache(PrefixCachingKV):
             heapq.heapify(self._heap)
 
     # -- admission and release --
-    def allocate_cached(self, req: Request, hit: list[int], num_tokens: int) -> bool:
-        if self.num_new_blocks(req, hit, num_tokens) > self.num_free_blocks:
-            return False
-        if hit:
-            self._split(hit[-1])  # SGLang splits the matched node here
-            h = self._hit_array(hit)
-            ref = self._ref_cnt
-            self._num_evictable -= self._touched[1]  # the hit blocks that were free
-            ref[h] += 1
-        return self._finish_admission(req, hit, num_tokens)
+    def _reuse(self, hit: ComputedBlocks) -> None:
+        self._split(hit.block_ids[-1])  # SGLang splits the matched node here
+        self._num_evictable -= self._touched[1]  # the hit blocks that were free
+        self._ref_cnt[hit.array] += 1
 
     def free(self, request: Request) -> int:
         """Release the request's path: its runs are stamped now and stay cached (its

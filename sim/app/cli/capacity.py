@@ -16,53 +16,19 @@ from rich.progress import Progress
 from rich.table import Table
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
+from sim.app.cli.options import OPTIONS, declare, seeds, with_options
+
+#: The axes sweep varies (sim/app/runs/sweep.py's AXES, in its order).
+SWEEP_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+              "long_prefill_token_threshold", "tensor_parallel_size", "replicas",
+              "prefix_cache", "burstiness", "rate", "concurrency")
 
 
+@with_options(
+    *declare([n for n in OPTIONS if n != "seed"], axes=SWEEP_AXES,
+             router={"default": "least-outstanding"}),
+    seeds("0", "every cell replays each seed's workload."))
 def sweep(
-    model: Annotated[str, typer.Option(help="Model preset.")] = "llama-3.1-8b",
-    gpu: Annotated[str, typer.Option(help="GPU preset.")] = "h100-sxm",
-    dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32.")] = "bf16",
-    policy: Annotated[str | None, typer.Option(
-        help="Policies to compare, comma-separated (default chunked).")] = None,
-    max_num_seqs: Annotated[str | None, typer.Option(
-        help="Values to sweep, e.g. 16,32,64,128,256.")] = None,
-    max_num_batched_tokens: Annotated[str | None, typer.Option(
-        help="Token budgets to sweep.")] = None,
-    gpu_memory_utilization: Annotated[str | None, typer.Option(
-        help="Utilizations to sweep, e.g. 0.7,0.8,0.9.")] = None,
-    long_prefill_token_threshold: Annotated[str | None, typer.Option(
-        help="Prefill chunk caps to sweep.")] = None,
-    tensor_parallel_size: Annotated[str | None, typer.Option(
-        help="TP sizes to sweep, e.g. 4,8.")] = None,
-    replicas: Annotated[str | None, typer.Option(help="Replica counts to sweep.")] = None,
-    prefix_cache: Annotated[str | None, typer.Option(
-        help="Prefix caches to compare: none, block (vLLM), radix (SGLang).")] = None,
-    rate: Annotated[str | None, typer.Option(
-        help="Open-loop rates (req/s) to sweep; a trace is re-timed by Poisson arrivals."
-    )] = None,
-    concurrency: Annotated[str | None, typer.Option(
-        help="Closed-loop user counts to sweep (instead of --rate).")] = None,
-    burstiness: Annotated[str | None, typer.Option(
-        help="Gamma arrival shapes to sweep (1 = Poisson).")] = None,
-    seeds: Annotated[str, typer.Option(
-        help="Workload seeds; every cell replays each seed's workload.")] = "0",
-    trace: Annotated[str | None, typer.Option(help="Trace file to replay.")] = None,
-    trace_format: Annotated[str | None, typer.Option(help="servesim, azure, mooncake.")] = None,
-    trace_sample: Annotated[bool, typer.Option(
-        help="Draw --num-requests at random from the whole trace instead of the first.")
-    ] = False,
-    scenario: Annotated[str | None, typer.Option(help="Built-in scenario.")] = None,
-    arrival: Annotated[str | None, typer.Option(
-        help="Arrival process for --rate: poisson, gamma, constant, bursts.")] = None,
-    num_requests: Annotated[int | None, typer.Option(help="Requests per run.")] = None,
-    window: Annotated[float | None, typer.Option(help="Trace window in seconds.")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Client cap on output.")] = None,
-    step_time: Annotated[float | None, typer.Option(help="Constant step time (s).")] = None,
-    profile: Annotated[str | None, typer.Option(help="Calibrated profile JSON.")] = None,
-    router: Annotated[str, typer.Option(help="Router for --replicas.")] = "least-outstanding",
-    think_time: Annotated[float, typer.Option(help="Closed-loop think time (s).")] = 0.0,
-    slo_ttft: Annotated[float | None, typer.Option(help="TTFT SLO (s), for goodput.")] = None,
-    slo_tpot: Annotated[float | None, typer.Option(help="TPOT SLO (s), for goodput.")] = None,
     workers: Annotated[int | None, typer.Option(
         help="Worker processes (default: one per CPU).")] = None,
     backend: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
@@ -70,6 +36,7 @@ def sweep(
         help="Ray cluster address to join (--backend ray).")] = None,
     out: Annotated[Path, typer.Option(help="Directory for sweep.csv and sweep.html.")] =
         Path("runs/sweep"),
+    **opts: Any,
 ) -> None:
     """Run a grid of what-if cells (every combination of the comma-separated values) on
     the same seeded workload, in parallel; write sweep.csv, sweep.json and sweep.html."""
@@ -79,19 +46,9 @@ def sweep(
     from sim.app.runs.sweep import Grid, check_cells, run_sweep
 
     try:
-        grid = Grid.parse({
-            "policy": policy, "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "long_prefill_token_threshold": long_prefill_token_threshold,
-            "tensor_parallel_size": tensor_parallel_size, "replicas": replicas,
-            "prefix_cache": prefix_cache, "burstiness": burstiness, "rate": rate,
-            "concurrency": concurrency}, seeds)
-        base = RunConfig(model=model, gpu=gpu, dtype=dtype, trace=trace,
-                         trace_format=trace_format, trace_sample=trace_sample,
-                         scenario=scenario, arrival=arrival, num_requests=num_requests,
-                         window=window, max_tokens=max_tokens, step_time=step_time,
-                         profile=profile, router=router, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+        grid = Grid.parse({a: opts.pop(a) for a in SWEEP_AXES}, opts.pop("seeds"))
+        think_time = opts.pop("think_time")  # closed-loop cells only: given to each cell
+        base = RunConfig(**opts)
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         check_cells(base, grid, think_time=think_time)
@@ -150,12 +107,28 @@ def sweep_table(df: Any, axes: list[str], limit: int = 60) -> Table:
     return t
 
 
+#: The config grid a plan compares (sim/app/runs/plan.py's PLAN_AXES).
+PLAN_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+             "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")
+
+#: Run options a plan sets itself: each probe's load and arrivals (Poisson or gamma at a
+#: searched rate, or a searched number of users; a time scale or a window would change
+#: both), the replicas of its cluster check, and the seeds (--seeds).
+PLAN_SETS = ("arrival", "rate", "concurrency", "think_time", "time_scale", "window",
+             "replicas", "seed")
+
+
+@with_options(
+    *declare([n for n in OPTIONS if n not in PLAN_SETS], axes=PLAN_AXES,
+             trace={"help": "Trace whose lengths to use (re-timed by the probes): servesim "
+                            "CSV, Azure 2023 CSV or Mooncake JSONL."},
+             burstiness={"help": "Plan for gamma arrivals of this shape k instead of "
+                                 "Poisson (CV = 1/sqrt(k))."},
+             num_requests={"default": 2000, "help": "Requests per probe (the cost and the "
+                                                    "precision of every probe)."},
+             router={"default": "least-outstanding"}, trace_sample={"default": True}),
+    seeds("0,1,2", "each probe runs on every seed; the capacity interval spans them."))
 def plan(
-    model: Annotated[str, typer.Option(help="Model preset.")] = "llama-3.1-8b",
-    gpu: Annotated[str, typer.Option(help="GPU preset.")] = "h100-sxm",
-    dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32.")] = "bf16",
-    slo_ttft: Annotated[float | None, typer.Option(help="TTFT SLO in seconds.")] = None,
-    slo_tpot: Annotated[float | None, typer.Option(help="TPOT SLO in seconds.")] = None,
     slo_percentile: Annotated[float, typer.Option(
         help="Percentile the SLOs apply at.")] = 99.0,
     target_rate: Annotated[float | None, typer.Option(
@@ -165,39 +138,10 @@ def plan(
     load: Annotated[str, typer.Option(
         help="Load axis to search: rate (open loop, Poisson) or concurrency (closed loop)."
     )] = "rate",
-    policy: Annotated[str | None, typer.Option(help="Policies to compare.")] = None,
-    max_num_seqs: Annotated[str | None, typer.Option(help="Values to compare.")] = None,
-    max_num_batched_tokens: Annotated[str | None, typer.Option(
-        help="Token budgets to compare.")] = None,
-    gpu_memory_utilization: Annotated[str | None, typer.Option(
-        help="Utilizations to compare.")] = None,
-    long_prefill_token_threshold: Annotated[str | None, typer.Option(
-        help="Prefill chunk caps to compare.")] = None,
-    tensor_parallel_size: Annotated[str | None, typer.Option(
-        help="TP sizes to compare, e.g. 4,8 (GPUs = replicas x TP).")] = None,
-    prefix_cache: Annotated[str | None, typer.Option(
-        help="Prefix caches to compare: none, block (vLLM), radix (SGLang).")] = None,
-    trace: Annotated[str | None, typer.Option(help="Trace whose lengths to use.")] = None,
-    trace_format: Annotated[str | None, typer.Option(help="servesim, azure, mooncake.")] = None,
-    trace_sample: Annotated[bool, typer.Option(
-        help="Draw each probe's requests at random from the whole trace (per seed) "
-             "rather than take the first --num-requests.")] = True,
-    scenario: Annotated[str | None, typer.Option(help="Built-in scenario instead.")] = None,
-    burstiness: Annotated[float | None, typer.Option(
-        help="Plan for gamma arrivals of this shape instead of Poisson.")] = None,
-    num_requests: Annotated[int, typer.Option(
-        help="Requests per probe (the cost and the precision of every probe).")] = 2000,
-    max_tokens: Annotated[int | None, typer.Option(help="Client cap on output.")] = None,
-    step_time: Annotated[float | None, typer.Option(help="Constant step time (s).")] = None,
-    profile: Annotated[str | None, typer.Option(help="Calibrated profile JSON.")] = None,
-    seeds: Annotated[str, typer.Option(help="Seeds per probe; the interval spans them.")] =
-        "0,1,2",
     start: Annotated[float, typer.Option(help="First load probed (req/s or users).")] = 1.0,
     tolerance: Annotated[float, typer.Option(
         help="Bisect until the bracket is within this fraction.")] = 0.02,
     max_probes: Annotated[int, typer.Option(help="Most probes per search.")] = 16,
-    router: Annotated[str, typer.Option(
-        help="Router of the cluster check.")] = "least-outstanding",
     check_requests: Annotated[int | None, typer.Option(
         help="Requests per cluster check (default num_requests x replicas).")] = None,
     workers: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
@@ -205,20 +149,22 @@ def plan(
     address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
     out: Annotated[Path, typer.Option(help="Directory for the capacity report.")] =
         Path("runs/plan"),
+    **opts: Any,
 ) -> None:
     """Find the load one replica sustains within the SLOs, the best engine config of the
     grid and the replicas (GPUs) a target needs, confirmed by a cluster simulation; write
     capacity.md, capacity.html and plan.json."""
     from sim.app.reports.plan_page import answer_lines, write_plan
     from sim.app.runs.backends import Executor
-    from sim.app.runs.load_search import SLO
     from sim.app.runs.out_dir import check_files
-    from sim.app.runs.plan import PlanSpec, run_plan
-    from sim.app.runs.runner import RunConfig
-    from sim.app.runs.sweep import Grid
+    from sim.app.runs.plan import run_plan
 
+    search = {"slo_percentile": slo_percentile, "target_rate": target_rate,
+              "target_concurrency": target_concurrency, "load": load, "start": start,
+              "tolerance": tolerance, "max_probes": max_probes,
+              "check_requests": check_requests}
     try:
-        spec = _plan_spec(locals(), Grid, RunConfig, SLO, PlanSpec)
+        spec = _plan_spec(opts, search)
         executor = Executor(workers, backend, address)
         check_files(out, ("capacity.md", "capacity.html", "plan.json"))
     except INPUT_ERRORS as e:
@@ -238,12 +184,15 @@ def plan(
     console.print(f"planned in {res.elapsed_s:,.1f} s; wrote " + ", ".join(map(str, paths)))
 
 
-def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
-               spec_cls: Any) -> Any:
-    """The PlanSpec of the plan command's arguments ``a``, every config checked as its
-    first probe would build it (sweep.check_cells); ValueError on bad input."""
-    from sim.app.runs.load_search import with_load
-    from sim.app.runs.sweep import check_cells
+def _plan_spec(opts: dict[str, Any], a: dict[str, Any]) -> Any:
+    """The PlanSpec of the plan command's run options ``opts`` (its axes as given, the
+    SLOs and router apart from the base run) and search settings ``a``, every config
+    checked as its first probe would build it (sweep.check_cells); ValueError on bad
+    input."""
+    from sim.app.runs.load_search import SLO, with_load
+    from sim.app.runs.plan import PlanSpec
+    from sim.app.runs.runner import RunConfig
+    from sim.app.runs.sweep import Grid, check_cells
 
     if a["load"] == "concurrency" and a["target_rate"] is not None:
         raise ValueError("with --load concurrency give --target-concurrency, not --target-rate")
@@ -253,22 +202,16 @@ def _plan_spec(a: dict[str, Any], grid_cls: Any, cfg_cls: Any, slo_cls: Any,
         raise ValueError(f"start must be a finite load > 0, got {a['start']}")
     if a["check_requests"] is not None and a["check_requests"] < 1:
         raise ValueError(f"check_requests must be >= 1, got {a['check_requests']}")
-    grid = grid_cls.parse({k: a[k] for k in (
-        "policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-        "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")}, a["seeds"])
-    base = cfg_cls(model=a["model"], gpu=a["gpu"], dtype=a["dtype"], trace=a["trace"],
-                   trace_format=a["trace_format"],
-                   trace_sample=bool(a["trace_sample"] and a["trace"]),
-                   scenario=a["scenario"], burstiness=a["burstiness"],
-                   num_requests=a["num_requests"], max_tokens=a["max_tokens"],
-                   step_time=a["step_time"], profile=a["profile"])
+    grid = Grid.parse({n: opts.pop(n) for n in PLAN_AXES}, opts.pop("seeds"))
+    slo_ttft, slo_tpot, router = opts.pop("slo_ttft"), opts.pop("slo_tpot"), opts.pop("router")
+    base = RunConfig(**{**opts, "trace_sample": bool(opts["trace_sample"] and opts["trace"])})
     seed = grid.seeds[0] if grid.seeds else 0
-    check_cells(dataclasses.replace(base, router=a["router"]), grid,
+    check_cells(dataclasses.replace(base, router=router), grid,
                 lambda c: with_load(c, a["load"], max(a["start"], 1.0), seed))
     target = a["target_rate"] if a["load"] == "rate" else a["target_concurrency"]
-    return spec_cls(base, slo_cls(a["slo_ttft"], a["slo_tpot"], a["slo_percentile"]), grid,
+    return PlanSpec(base, SLO(slo_ttft, slo_tpot, a["slo_percentile"]), grid,
                     load_axis=a["load"], target=target, start=a["start"],
-                    tolerance=a["tolerance"], max_probes=a["max_probes"], router=a["router"],
+                    tolerance=a["tolerance"], max_probes=a["max_probes"], router=router,
                     check_requests=a["check_requests"])
 
 

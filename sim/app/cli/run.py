@@ -12,91 +12,12 @@ import typer
 from rich.table import Table
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
+from sim.app.cli.options import OPTIONS, declare, with_options
 from sim.app.cli.tables import headline_table, replica_table, scale_out_line, summary_table
 
 
+@with_options(*declare(OPTIONS))
 def run(
-    model: Annotated[str, typer.Option(help="Model preset (see `servesim list`).")] =
-        "llama-3.1-8b",
-    gpu: Annotated[str, typer.Option(help="GPU preset (see `servesim list`).")] = "h100-sxm",
-    dtype: Annotated[str, typer.Option(help="Weights and KV dtype: bf16, fp16, fp32.")] = "bf16",
-    policy: Annotated[str, typer.Option(
-        help="Scheduling policy: chunked, continuous, static, or module:Class "
-             "(module may be a path/to/file.py).")] = "chunked",
-    max_num_seqs: Annotated[int, typer.Option(help="Most requests per batch.")] = 256,
-    max_num_batched_tokens: Annotated[int, typer.Option(
-        help="Token budget per step.")] = 8192,
-    gpu_memory_utilization: Annotated[float, typer.Option(
-        help="Fraction of GPU memory the engine may use, in (0, 1].")] = 0.9,
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
-    max_model_len: Annotated[int | None, typer.Option(
-        help="Most tokens per request (default: the model's context length).")] = None,
-    num_gpu_blocks: Annotated[int | None, typer.Option(
-        help="Override the KV block count (vLLM's num_gpu_blocks_override).")] = None,
-    long_prefill_token_threshold: Annotated[int, typer.Option(
-        help="Cap of one request's prefill chunk per step (0 = off).")] = 0,
-    scheduler_reserve_full_isl: Annotated[bool, typer.Option(
-        help="Admit only if all of a request's tokens fit in the free pool.")] = True,
-    max_tokens: Annotated[int | None, typer.Option(
-        help="Client cap on output tokens for every request.")] = None,
-    step_time: Annotated[float | None, typer.Option(
-        help="Constant step time in seconds instead of a cost model.")] = None,
-    profile: Annotated[str | None, typer.Option(
-        help="Calibrated profile JSON to use as the cost model.")] = None,
-    trace: Annotated[str | None, typer.Option(
-        help="Trace file: servesim CSV, Azure 2023 CSV or Mooncake JSONL.")] = None,
-    trace_format: Annotated[str | None, typer.Option(
-        help="Force the trace format: servesim, azure, mooncake.")] = None,
-    scenario: Annotated[str | None, typer.Option(
-        help="Built-in scenario (see `servesim list`).")] = None,
-    arrival: Annotated[str | None, typer.Option(
-        help="Arrival process: poisson, gamma, constant, bursts (re-times a trace).")] = None,
-    rate: Annotated[float | None, typer.Option(help="Arrival rate in requests/s.")] = None,
-    burstiness: Annotated[float | None, typer.Option(
-        help="Gamma shape k (CV = 1/sqrt(k); inf = constant gaps).")] = None,
-    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate.")] = None,
-    window: Annotated[float | None, typer.Option(
-        help="Keep trace arrivals within this many seconds of the first.")] = None,
-    time_scale: Annotated[float | None, typer.Option(
-        help="Speed a trace up (>1) or slow it down (<1).")] = None,
-    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
-    slo_ttft: Annotated[float | None, typer.Option(help="TTFT SLO in seconds.")] = None,
-    slo_tpot: Annotated[float | None, typer.Option(help="TPOT SLO in seconds.")] = None,
-    queue: Annotated[str, typer.Option(
-        help="Waiting-queue order: fcfs, priority, sjf (shortest prompt), oracle-srpt "
-             "(true remaining output: an unrealizable bound), lpm (longest cached prefix "
-             "first, SGLang; needs --prefix-cache).")] = "fcfs",
-    preemption_mode: Annotated[str, typer.Option(
-        help="Preemption under KV pressure: recompute or swap (to CPU).")] = "recompute",
-    kv_allocation: Annotated[str, typer.Option(
-        help="KV blocks: paged (on demand) or reserve (prompt + max_tokens at admission)."
-    )] = "paged",
-    swap_space: Annotated[float, typer.Option(
-        help="CPU swap space for --preemption-mode swap, GiB (vLLM's default).")] = 4.0,
-    pcie_bandwidth: Annotated[float, typer.Option(
-        help="Host <-> GPU copy rate pricing swaps, GB/s (PCIe 4.0 x16 effective).")] = 25.0,
-    tensor_parallel_size: Annotated[int, typer.Option(
-        help="GPUs per replica: weights, FLOPs and KV heads split N ways, two all-reduces "
-             "per layer over the GPU's interconnect.")] = 1,
-    replicas: Annotated[int, typer.Option(
-        help="Identical engines behind a router, simulated together.")] = 1,
-    router: Annotated[str, typer.Option(
-        help="How requests are spread over replicas: round-robin, least-outstanding, "
-             "least-kv, cache-aware (longest cached prefix, load-guarded; needs "
-             "--prefix-cache), cache-aware-approx (the SGLang router's: longest prefix "
-             "it routed, load-guarded, else the smallest tree).")] = "round-robin",
-    concurrency: Annotated[int | None, typer.Option(
-        help="Closed loop: N users, each sending its next request when its previous one "
-             "ends (instead of open-loop arrivals).")] = None,
-    think_time: Annotated[float, typer.Option(
-        help="Closed loop: seconds a user waits before sending its next request.")] = 0.0,
-    trace_sample: Annotated[bool, typer.Option(
-        help="Draw --num-requests at random from the whole trace (seeded) instead of "
-             "taking the first ones; shuffled when re-timed.")] = False,
-    prefix_cache: Annotated[str, typer.Option(
-        help="Prefix caching: none, block (vLLM's block-hash cache) or radix (SGLang's "
-             "radix tree); prompts share blocks by Mooncake hash_ids or a scenario's "
-             "prompt segments (docs/prefix_caching.md).")] = "none",
     compare: Annotated[str | None, typer.Option(
         help="Run the same workload through several cells, POLICY[:MODIFIER]... separated "
              "by commas (e.g. static,continuous,chunked or chunked:paged,chunked:reserve); "
@@ -109,49 +30,56 @@ def run(
         "steps share a row, with num_steps).")] = False,
     report: Annotated[bool, typer.Option(
         "--report", help="Also write report.html (see `servesim report`) into --out.")] = False,
+    **opts: Any,
 ) -> None:
     """Simulate one engine on a workload and write requests.csv, steps.csv, summary.json
     and config.json to --out."""
-    from sim.app.runs.compare import cell_config, parse_cells
-    from sim.app.runs.out_dir import check_files, check_run_dir, is_run_dir
-    from sim.app.runs.runner import RunConfig, check_router, prepare, write_run
-    from sim.engine import SchedulerStuck
+    from sim.app.runs.compare import parse_cells
+    from sim.app.runs.runner import RunConfig, prepare
 
     try:
-        cfg = RunConfig(
-            model=model, gpu=gpu, dtype=dtype, policy=policy, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-            max_model_len=max_model_len, num_gpu_blocks=num_gpu_blocks,
-            long_prefill_token_threshold=long_prefill_token_threshold,
-            scheduler_reserve_full_isl=scheduler_reserve_full_isl, max_tokens=max_tokens,
-            step_time=step_time, profile=profile, trace=trace, trace_format=trace_format,
-            scenario=scenario, arrival=arrival, rate=rate, burstiness=burstiness,
-            num_requests=num_requests, window=window, time_scale=time_scale, seed=seed,
-            slo_ttft=slo_ttft, slo_tpot=slo_tpot, queue=queue,
-            preemption_mode=preemption_mode, kv_allocation=kv_allocation,
-            swap_space=swap_space, pcie_bandwidth=pcie_bandwidth,
-            tensor_parallel_size=tensor_parallel_size, replicas=replicas, router=router,
-            concurrency=concurrency, think_time=think_time, trace_sample=trace_sample,
-            prefix_cache=prefix_cache,
-        )
+        cfg = RunConfig(**opts)
         cells = parse_cells(compare) if compare is not None else None
         out = out or Path("runs/compare" if cells is not None else "runs/latest")
-        for c in cells or []:  # every cell checked before any output
-            cell_config(cfg, c)
-            check_run_dir(out / c.dir_name)
-        if cells is not None and is_run_dir(out):
-            raise ValueError(f"out: {out} is a run directory; --compare writes a run "
-                             "directory per cell under --out: give another")
-        if cells is not None and report:
-            check_files(out, ("report.html",))
-        if cells is None:
-            check_router(cfg)
-            check_run_dir(out)
+        _check_out(cfg, cells, out, report)
         prep = prepare(cfg)
     except INPUT_ERRORS as e:
         fail(str(e))
-    bs = cfg.block_size
+    _print_engine(prep)
+    if cells is not None:
+        _compare(prep, cells, out)
+        if report:  # one report over every cell
+            _write_report([out / c.dir_name for c in cells], out / "report.html")
+        return
+    _single(prep, out, full_steps)
+    if report:
+        _write_report([out], out / "report.html")
+
+
+def _check_out(cfg: Any, cells: list[Any] | None, out: Path, report: bool) -> None:
+    """Refuse (ValueError) what would fail only after simulating: a compare cell's config
+    or run directory, a run directory where compare writes cells, a report that may not
+    be written, the router of a single run, a directory that is not a previous run."""
+    from sim.app.runs.compare import cell_config
+    from sim.app.runs.out_dir import check_files, check_run_dir, is_run_dir
+    from sim.app.runs.runner import check_router
+
+    for c in cells or []:  # every cell checked before any output
+        cell_config(cfg, c)
+        check_run_dir(out / c.dir_name)
+    if cells is not None and is_run_dir(out):
+        raise ValueError(f"out: {out} is a run directory; --compare writes a run "
+                         "directory per cell under --out: give another")
+    if cells is not None and report:
+        check_files(out, ("report.html",))
+    if cells is None:
+        check_router(cfg)
+        check_run_dir(out)
+
+
+def _print_engine(prep: Any) -> None:
+    """The workload, the cost model and the KV capacity, before the run."""
+    cfg, bs = prep.config, prep.config.block_size
     console.print(f"workload: {len(prep.workload):,} requests ({prep.workload.source})")
     console.print(f"cost model: {prep.cost_model_label}")
     console.print(f"# GPU blocks: {prep.num_gpu_blocks:,}; GPU KV cache size: "
@@ -160,11 +88,13 @@ def run(
                   f"request: {prep.num_gpu_blocks * bs / prep.scheduler.max_model_len:.2f}x")
     if cfg.replicas > 1 or cfg.tensor_parallel_size > 1 or cfg.concurrency is not None:
         console.print(scale_out_line(cfg))
-    if cells is not None:
-        _compare(prep, cells, out)
-        if report:  # one report over every cell
-            _write_report([out / c.dir_name for c in cells], out / "report.html")
-        return
+
+
+def _single(prep: Any, out: Path, full_steps: bool) -> None:
+    """Simulate the one run, write its directory and print its tables."""
+    from sim.app.runs.runner import write_run
+    from sim.engine import SchedulerStuck
+
     try:
         result = _run_with_progress(prep)
         write_run(out, prep, result, full_steps=full_steps)
@@ -174,11 +104,9 @@ def run(
         fail(str(e))
     console.print(headline_table(result.summary))
     console.print(summary_table(result.summary))
-    if cfg.replicas > 1:
+    if prep.config.replicas > 1:
         console.print(replica_table(result.summary))
     console.print(f"wrote {out}/requests.csv, steps.csv, summary.json, config.json")
-    if report:
-        _write_report([out], out / "report.html")
 
 
 def _compare(prep: Any, cells: list[Any], out: Path) -> None:

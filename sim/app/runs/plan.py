@@ -29,8 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from sim.app.runs.backends import Executor
-from sim.engine import SchedulerStuck
 from sim.app.runs.load_search import (
     SLO,
     Probe,
@@ -43,6 +41,7 @@ from sim.app.runs.load_search import (
 )
 from sim.app.runs.runner import MAX_REPLICAS, RunConfig, prepare, simulate_prepared
 from sim.app.runs.sweep import Grid
+from sim.engine import SchedulerStuck
 
 PLAN_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
              "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")
@@ -351,10 +350,3 @@ def loop_comparison(spec: PlanSpec, c: ConfigResult, load: float,
         return [closed]
     matched = runner(run_loop, [LoopTask(cfg, "open", closed.throughput_rps, users)])[0]
     return [closed, matched]
-
-
-def make_runner(ex: Executor) -> Runner:
-    """A Runner over an open sim.app.runs.backends.Executor."""
-    def runner(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-        return ex.map(fn, items)
-    return runner

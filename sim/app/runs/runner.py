@@ -19,9 +19,9 @@ from calibration.memory import KVCachePlan, check_max_model_len, plan_for
 from calibration.roofline import RooflineCostModel
 from calibration.specs import DTYPE_BYTES, GIB, get_gpu, get_model
 from policies.registry import get_policy_class
+from policies.routers import ROUTERS, make_router
 from scenarios.build import build_workload
 from scenarios.workload import Workload
-from sim.cluster import ROUTERS
 from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepExecutor, StepObserver
@@ -303,9 +303,9 @@ def simulate_prepared(
                              "replicas 1")
         from sim.cluster import simulate_cluster
 
-        return simulate_cluster(arrivals, num_replicas=cfg.replicas, router=cfg.router,
-                                fast_path=fast_path, prompt_segments=workload_segments(w),
-                                **common)
+        router = make_router(cfg.router, prompt_segments=workload_segments(w))
+        return simulate_cluster(arrivals, num_replicas=cfg.replicas, router=router,
+                                fast_path=fast_path, **common)
     result = simulate(arrivals, observer=observer, executor=executor, fast_path=fast_path,
                       **common)
     result.summary["replicas"] = [{"replica": 0, "num_routed": len(w), **result.summary}]

@@ -1,7 +1,7 @@
 """The SGLang router's approximate prefix tree (sgl-router ``src/policies/tree.rs``, used by
 its ``cache_aware`` policy in ``src/policies/cache_aware.rs``): what the router believes
 each replica has cached, learnt from the prompts it routed there, not read from the
-replicas. The router of sim/cluster.py uses it for ``--router cache-aware-approx``.
+replicas. The ``cache-aware-approx`` router (policies/routers.py) routes by it.
 
 SGLang keeps one radix tree over prompt *text* for all workers ("tenants"): routing a
 request inserts its text under the chosen worker, stamping every node on the path with the
@@ -21,7 +21,7 @@ LRU list touched deepest first, so the least recent node is always a leaf of tha
 SGLang's heap of leaves pops them. Differences: SGLang's nodes are maximal shared runs of
 text, and evicting one removes the whole run, where this removes a segment at a time; and
 where several workers hold the deepest node SGLang names the first in its hash map's
-order, where the router here takes the least loaded (sim/cluster.py), so runs are
+order, where the router here takes the least loaded (policies/routers.py), so runs are
 deterministic.
 """
 

@@ -1,0 +1,172 @@
+"""The simulation options, declared once: every RunConfig field a command exposes, with its
+flag (the field's name: ``max_num_seqs`` is ``--max-num-seqs``), type, default and help,
+and the list form that sweep and plan vary (the same option, comma-separated values).
+
+Each command picks its options with ``declare`` (a command may give one its own default
+or help where the meaning there differs, e.g. plan's ``--num-requests`` is per probe) and
+receives them as keyword arguments through ``with_options``; the values build one
+RunConfig, whose construction is each option's one check (sim/app/runs/runner.py).
+typer reads a command's options from its signature, so ``with_options`` writes the
+declared ones there (``__signature__``, which ``inspect.signature`` honours). This module
+imports nothing heavy: ``servesim --help`` stays quick. tests/test_cli.py keeps these
+defaults equal to RunConfig's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One command-line option: ``name`` is the RunConfig field and, with ``-`` for
+    ``_``, the flag; ``type`` the type of one value; ``values`` an example of the list
+    form ("" when sweep and plan do not vary it); ``flags`` the flag names when there are
+    several (an alias), else derived from ``name``."""
+
+    name: str
+    type: Any
+    default: Any
+    help: str
+    values: str = ""
+    flags: tuple[str, ...] = ()
+
+    def parameter(self) -> inspect.Parameter:
+        """The keyword parameter typer turns into this option."""
+        info = typer.Option(*self.flags, help=self.help)
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY,
+                                 default=self.default, annotation=Annotated[self.type, info])
+
+
+_ROUTERS = ("round-robin, least-outstanding, least-kv, cache-aware (longest cached prefix, "
+            "load-guarded; needs --prefix-cache), cache-aware-approx (the SGLang router's: "
+            "longest prefix it routed, load-guarded, else the smallest tree)")
+
+#: Every simulation option, in the order ``--help`` lists them.
+OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
+    Opt("model", str, "llama-3.1-8b", "Model preset (see `servesim list`)."),
+    Opt("gpu", str, "h100-sxm", "GPU preset (see `servesim list`)."),
+    Opt("dtype", str, "bf16", "Weights and KV dtype: bf16, fp16, fp32."),
+    Opt("policy", str, "chunked", "Scheduling policy: chunked, continuous, static, or "
+        "module:Class (module may be a path/to/file.py).", "static,continuous,chunked"),
+    Opt("max_num_seqs", int, 256, "Most requests per batch.", "16,32,64,128,256"),
+    Opt("max_num_batched_tokens", int, 8192, "Token budget per step.", "2048,8192"),
+    Opt("gpu_memory_utilization", float, 0.9,
+        "Fraction of GPU memory the engine may use, in (0, 1].", "0.7,0.8,0.9"),
+    Opt("block_size", int, 16, "Tokens per KV block."),
+    Opt("max_model_len", int | None, None,
+        "Most tokens per request (default: the model's context length)."),
+    Opt("num_gpu_blocks", int | None, None,
+        "Override the KV block count (vLLM's num_gpu_blocks_override)."),
+    Opt("long_prefill_token_threshold", int, 0,
+        "Cap of one request's prefill chunk per step (0 = off).", "0,512,2048"),
+    Opt("scheduler_reserve_full_isl", bool, True,
+        "Admit only if all of a request's tokens fit in the free pool."),
+    Opt("max_tokens", int | None, None, "Client cap on output tokens for every request."),
+    Opt("step_time", float | None, None,
+        "Constant step time in seconds instead of a cost model."),
+    Opt("profile", str | None, None, "Calibrated profile JSON to use as the cost model."),
+    Opt("trace", str | None, None,
+        "Trace file: servesim CSV, Azure 2023 CSV or Mooncake JSONL."),
+    Opt("trace_format", str | None, None, "Force the trace format: servesim, azure, mooncake."),
+    Opt("scenario", str | None, None, "Built-in scenario (see `servesim list`)."),
+    Opt("arrival", str | None, None,
+        "Arrival process: poisson, gamma, constant, bursts (re-times a trace)."),
+    Opt("rate", float | None, None, "Arrival rate in requests/s.",
+        "2,4,8; a trace is re-timed by Poisson arrivals (gamma with --burstiness) unless "
+        "--arrival names another process"),
+    Opt("burstiness", float | None, None,
+        "Gamma shape k (CV = 1/sqrt(k); inf = constant gaps).", "0.5,1,4 (1 = Poisson)"),
+    Opt("num_requests", int | None, None, "Requests to simulate."),
+    Opt("window", float | None, None,
+        "Keep trace arrivals within this many seconds of the first."),
+    Opt("time_scale", float | None, None, "Speed a trace up (>1) or slow it down (<1)."),
+    Opt("seed", int, 0, "Workload seed."),
+    Opt("slo_ttft", float | None, None, "TTFT SLO in seconds."),
+    Opt("slo_tpot", float | None, None, "TPOT SLO in seconds."),
+    Opt("queue", str, "fcfs", "Waiting-queue order: fcfs, priority, sjf (shortest prompt), "
+        "oracle-srpt (true remaining output: an unrealizable bound), lpm (longest cached "
+        "prefix first, SGLang; needs --prefix-cache)."),
+    Opt("preemption_mode", str, "recompute",
+        "Preemption under KV pressure: recompute or swap (to CPU)."),
+    Opt("kv_allocation", str, "paged",
+        "KV blocks: paged (on demand) or reserve (prompt + max_tokens at admission)."),
+    Opt("swap_space", float, 4.0,
+        "CPU swap space for --preemption-mode swap, GiB (vLLM's default)."),
+    Opt("pcie_bandwidth", float, 25.0,
+        "Host <-> GPU copy rate pricing swaps, GB/s (PCIe 4.0 x16 effective)."),
+    Opt("tensor_parallel_size", int, 1, "GPUs per replica: weights, FLOPs and KV heads split "
+        "N ways, two all-reduces per layer over the GPU's interconnect.", "4,8"),
+    Opt("replicas", int, 1, "Identical engines behind a router, simulated together.", "1,2,4"),
+    Opt("router", str, "round-robin", f"How requests are spread over replicas: {_ROUTERS}."),
+    Opt("concurrency", int | None, None, "Closed loop: N users, each sending its next request "
+        "when its previous one ends (instead of open-loop arrivals).", "8,16,32"),
+    Opt("think_time", float, 0.0,
+        "Closed loop: seconds a user waits before sending its next request."),
+    Opt("trace_sample", bool, False,
+        "Draw --num-requests at random from the whole trace (seeded) instead of taking "
+        "the first ones; shuffled when re-timed."),
+    Opt("prefix_cache", str, "none", "Prefix caching: none, block (vLLM's block-hash cache) "
+        "or radix (SGLang's radix tree); prompts share blocks by Mooncake hash_ids or a "
+        "scenario's prompt segments (docs/prefix_caching.md).", "none,block,radix"),
+)}
+
+
+def list_form(opt: Opt) -> Opt:
+    """``opt`` as sweep and plan take it: comma-separated values, each a cell of the grid;
+    not given, every cell has the single default."""
+    if not opt.values:
+        raise ValueError(f"{opt.name} has no list form")
+    default = "" if opt.default is None else f" (default {opt.default})"
+    return dataclasses.replace(
+        opt, type=str | None, default=None,
+        help=f"{opt.help} Comma-separated values to compare, e.g. {opt.values}{default}.")
+
+
+def seeds(default: str, help: str) -> Opt:
+    """The list form of ``--seed`` (``--seed`` is an alias): comma-separated workload
+    seeds, each giving every cell its own workload; ``help`` says what they do there."""
+    return Opt("seeds", str, default, f"Workload seeds, comma-separated: {help}",
+               flags=("--seeds", "--seed"))
+
+
+def declare(names: Iterable[str], axes: Collection[str] = (),
+            **changes: dict[str, Any]) -> tuple[Opt, ...]:
+    """The declared options ``names``, in that order; those in ``axes`` in their list form;
+    ``changes[name]`` a command's own ``default`` or ``help`` for one (KeyError for an
+    option not declared in OPTIONS)."""
+    unknown = (set(axes) | set(changes)) - set(names)
+    if unknown:
+        raise KeyError(f"not among the command's options: {', '.join(sorted(unknown))}")
+    opts = []
+    for name in names:
+        opt = list_form(OPTIONS[name]) if name in axes else OPTIONS[name]
+        opts.append(dataclasses.replace(opt, **changes.get(name, {})))
+    return tuple(opts)
+
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def with_options(*opts: Opt) -> Callable[[F], F]:
+    """A decorator: the command takes ``opts`` (before its own options in ``--help``) as
+    keyword arguments, collected by its ``**opts`` parameter."""
+    def add(command: F) -> F:
+        sig = inspect.signature(command, eval_str=True)
+        params = list(sig.parameters.values())
+        if not params or params[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+            raise TypeError(f"{command.__name__} needs a **opts parameter for its options")
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params[:-1]]
+        clash = {o.name for o in opts} & {p.name for p in own}
+        if clash:
+            raise TypeError(f"{command.__name__} declares {', '.join(sorted(clash))} twice")
+        command.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=[*(o.parameter() for o in opts), *own])
+        return command
+    return add
