@@ -7,8 +7,9 @@ against ../shared/vllm-oracle):
    for a partial prefill), capped by long_prefill_token_threshold (only while more than
    one request is running or waiting), the budget, and max_model_len - 1 - computed.
 2. When a running request cannot get blocks, preempt the victim (tail of running; under
-   priority the largest (priority, arrival_time)) until it fits, possibly itself.
-   A victim that was already scheduled this step gives its tokens back.
+   priority the largest (priority, arrival_time)) until it fits, possibly itself; after
+   preempting itself the running requests behind it are still scheduled. A victim that
+   was already scheduled this step gives its tokens back.
 3. Then, only if nothing was preempted, admit waiting requests in queue order while
    budget and max_num_seqs allow and the blocks fit; with scheduler_reserve_full_isl the
    free pool must hold all of the request's current tokens (a check, not a reservation).
@@ -94,7 +95,10 @@ class ChunkedPolicy(QueuePolicy):
             budget += back
             i -= shift
             if not ok:
-                return budget  # it preempted itself: vLLM V1 stops scheduling running
+                # It preempted itself (only the priority queue's victim can sit before
+                # the tail): vLLM 0.33 goes on with the running requests behind it, which
+                # now start at index i.
+                continue
             scheduled[req] = n
             budget -= n
             i += 1

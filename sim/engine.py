@@ -167,10 +167,16 @@ class Engine:
             self.on_release(req, self.env.now)
 
     def _rejection_reason(self, req: Request) -> str | None:
-        p, m, limit = req.num_prompt_tokens, req.max_tokens, self._max_len
-        if p + m > limit:
-            # vLLM's API server rule: prompt plus requested completion must fit.
-            return f"num_prompt_tokens ({p}) + max_tokens ({m}) > max_model_len ({limit})"
+        """Why ``req`` can never be served, or None. vLLM 0.33's engine refuses only a
+        prompt that leaves no room for an output token (``num_prompt_tokens >=
+        max_model_len``); any other request is served and stops at max_model_len with
+        finish reason "length" (finish_limit), as its OpenAI server clamps max_tokens."""
+        p, limit = req.num_prompt_tokens, self._max_len
+        if p >= limit:
+            return (f"num_prompt_tokens ({p}) >= max_model_len ({limit}): no room for an "
+                    f"output token")
+        if p + req.max_tokens > limit:
+            req.max_tokens = limit - p
         kv = self.kv
         if kv.blocks_for(p) > kv.num_usable_blocks:
             return (f"prompt needs {kv.blocks_for(p)} KV blocks; the whole pool has "

@@ -104,12 +104,18 @@ def test_k05_one_token_outputs_have_no_tpot() -> None:
 
 
 def test_k03_context_length_boundary() -> None:
-    reqs = make_requests([16] * 4, prompt=[4078, 4079, 4080, 4081])
+    # vLLM 0.33's engine: a prompt of max_model_len tokens or more is refused; any other
+    # request runs and stops when prompt + output reaches max_model_len ("length"), even
+    # when its max_tokens asked for more. 4080 + 16 = 4096 fits exactly; 4090 stops at
+    # 6 output tokens, 4095 at 1; 4096 leaves no room for a token.
+    reqs = make_requests([16] * 5, prompt=[4078, 4080, 4090, 4095, 4096])
     res = run_sim(reqs, max_model_len=4096)
     df = res.requests
-    assert list(df["status"]) == ["finished"] * 3 + ["rejected"]
-    assert list(df["num_output_tokens"][:3]) == [16, 16, 16]
-    assert "max_model_len" in df.loc[3, "reason"]
+    assert list(df["status"]) == ["finished"] * 4 + ["rejected"]
+    assert list(df["num_output_tokens"][:4]) == [16, 16, 6, 1]
+    assert list(df["finish_reason"][:4]) == ["stop", "stop", "length", "length"]
+    assert df.loc[4, "reason"] == (
+        "num_prompt_tokens (4096) >= max_model_len (4096): no room for an output token")
     assert res.summary["num_rejected"] == 1
 
 

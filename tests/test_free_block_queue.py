@@ -30,16 +30,23 @@ def test_blocks_leave_in_the_order_they_were_freed() -> None:
     assert q.popleft() == 2 and q.num_free_blocks == 0
     append(q, [5, 1])
     assert q.popleft() == 5 and q.get_all_free_blocks() == [1]
+    q.prepend_n([4, 6])  # blocks without a hash: reused before any cached block
+    assert q.get_all_free_blocks() == [4, 6, 1] and q.num_free_blocks == 3
+    arr, got = q.popleft_n_array(2)
+    assert got == [4, 6] and arr.tolist() == [4, 6]
+    q.prepend_n([3])
+    assert q.popleft_n(2) == [3, 1] and q.num_free_blocks == 0
     q.check()
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(2, 12), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 99)),
+@given(st.integers(2, 12), st.lists(st.tuples(st.integers(0, 4), st.integers(0, 99)),
                                     max_size=80))
 def test_the_queue_behaves_as_a_list(num_blocks: int, ops: list[tuple[int, int]]) -> None:
     q = FreeKVCacheBlockQueue(num_blocks + 1)
     model = list(range(1, num_blocks + 1))
     held: list[int] = []
+    uncached: set[int] = set()  # put at the head: never removed from the middle
     for op, x in ops:
         if op == 0 and model:  # popleft
             assert q.popleft() == model[0]
@@ -54,8 +61,8 @@ def test_the_queue_behaves_as_a_list(num_blocks: int, ops: list[tuple[int, int]]
             assert got == model[:k]
             held += model[:k]
             del model[:k]
-        elif op == 2 and model:  # remove a few free blocks
-            gone = model[x % len(model)::3]
+        elif op == 2 and model:  # remove a few free (cached) blocks
+            gone = [b for b in model[x % len(model)::3] if b not in uncached]
             q.remove(np.array(gone, np.int64))
             model = [b for b in model if b not in gone]
             held += gone
@@ -64,5 +71,11 @@ def test_the_queue_behaves_as_a_list(num_blocks: int, ops: list[tuple[int, int]]
             append(q, back)
             model += back
             held = [b for b in held if b not in back]
+        elif op == 4 and held:  # free some held blocks that carry no hash: to the head
+            front = held[x % len(held)::2]
+            q.prepend_n(front)
+            model = front + model
+            uncached |= set(front)
+            held = [b for b in held if b not in front]
         assert q.get_all_free_blocks() == model and q.num_free_blocks == len(model)
         q.check()

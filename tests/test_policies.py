@@ -66,6 +66,26 @@ def test_priority_preempts_largest_priority_arrival(policy: str) -> None:
     assert res.steps["num_preempted"].sum() == res.summary["num_preemptions"] == 1
 
 
+def test_chunked_schedules_the_running_behind_a_request_that_preempted_itself() -> None:
+    # vLLM 0.33's running loop goes on after a request preempts itself (possible only
+    # under priority, where the victim need not be the tail). Blocks of 4 tokens, 7
+    # usable. C (prio 0, t=0), A (prio 1, t=0.5), B (prio 0, output 5, t=1.5) are
+    # admitted in steps 1, 2, 3 (running [C, A, B]), each a 4-token prompt. Blocks taken:
+    # step 1 C1; 2 C2 A1; 3 A2 B1; 4 B2; 6 C3 -> 7 in use. In step 7 C decodes, then A
+    # needs a third block for its 9th token: no block is free and the victim
+    # max((priority, arrival)) is A itself. B still decodes in step 7 (its 8th token fits
+    # its 2 blocks), so its tokens come at t = 3, 4, 5, 6, 7 and it finishes at 7; were
+    # the loop to stop at A, step 7 would run C alone and B would finish at 8.
+    reqs = make_requests([20, 20, 5], prompt=4, arrivals=[0.0, 0.5, 1.5],
+                         priorities=[0, 1, 0])
+    res = run_sim(reqs, num_gpu_blocks=8, block_size=4, queue="priority")
+    df = res.requests.set_index("request_id")
+    assert (df.loc["2", "first_token_time"], df.loc["2", "finish_time"]) == (3.0, 7.0)
+    assert df.loc["1", "num_preemptions"] >= 1 and df.loc["2", "num_preemptions"] == 0
+    step7 = res.steps[res.steps["start_time"] == 6.0].iloc[0]
+    assert (step7["num_decode_tokens"], step7["num_preempted"]) == (2, 1)
+
+
 @pytest.mark.parametrize("policy", QUEUED)
 def test_equal_priority_victim_is_the_later_arrival(policy: str) -> None:
     # Equal priority: a request never preempts one that arrived before it.

@@ -75,13 +75,15 @@ OPS = st.lists(st.tuples(st.sampled_from(["look", "index", "evict", "compact", "
 @given(OPS)
 def test_the_index_agrees_with_a_dict_model(ops: list[tuple[str, int, int, bool]]) -> None:
     """Lookups give the blocks a dict of (chain, block within it) -> block gives, through
-    inserts (vLLM's first copy wins, or into empty slots only as the radix tree does),
-    evictions, answers that grow past their first extent, and compactions."""
+    inserts (vLLM's: the first copy is found, later copies kept to take over when it is
+    evicted; or into empty slots only, as the radix tree does), evictions, answers that
+    grow past their first extent, and compactions."""
     ix = PrefixIndex(40, 16, lambda r: r.prefix_spans or [])
     trunks = [[(1, 2)], [(1, 2), (2, 3)], [(1, 2), (2, 1)], [(4, 3)]]
     reqs = [request(i, trunks[i % 4] + [(10 + i % 3, 1 + i % 2)]) for i in range(6)]
     slot_of: dict[int, tuple[int, int]] = {}  # block -> (chain, block within it)
     block_at: dict[tuple[int, int], int] = {}
+    copies: dict[tuple[int, int], list[int]] = {}  # later copies, oldest first
     free = list(range(39, 0, -1))
     for op, who, n, keep in ops:
         r = reqs[who]
@@ -97,17 +99,31 @@ def test_the_index_agrees_with_a_dict_model(ops: list[tuple[str, int, int, bool]
                     if keep or name not in block_at]
             blocks = [free.pop() for _ in todo]
             for b, (_, name) in zip(blocks, todo, strict=True):
-                if name not in block_at:
-                    slot_of[b], block_at[name] = name, b
+                slot_of[b] = name
+                if name in block_at:
+                    copies.setdefault(name, []).append(b)
+                else:
+                    block_at[name] = b
             pos = ix.positions(r, n)[[i for i, _ in todo]]
             ix.insert(pos, np.array(blocks, np.int64), keep=keep)
             free += [b for b in blocks if b not in slot_of]
         elif op == "evict" and slot_of:
             gone = sorted(slot_of)[:n % 4 + 1]
             assert ix.key[gone].all()  # each still indexed
+            if ix.dups:
+                ix.dups.evicting(np.array(gone), ix.key, ix.arena)
             ix.unindex(np.array(gone))
             for b in gone:
-                del block_at[slot_of.pop(b)]
+                name = slot_of.pop(b)
+                if block_at.get(name) != b:  # a later copy: forgotten
+                    if b in copies.get(name, ()):
+                        copies[name].remove(b)
+                    continue
+                alts = [a for a in copies.pop(name, []) if a not in gone]
+                if alts:
+                    block_at[name], copies[name] = alts[0], alts[1:]
+                else:
+                    del block_at[name]
             free += gone
         elif op == "compact":
             ix._make_room(0)

@@ -207,7 +207,7 @@ def test_cli_sweep_takes_runs_engine_and_workload_options(tmp_path: Path) -> Non
         "swap_space": 8.0}
     df = pd.read_csv(tmp_path / "sw" / "sweep.csv")
     assert list(df["seed"]) == [3, 3]  # --seed is --seeds
-    assert list(df["num_rejected"]) == [1, 1]  # 100 + 4 tokens > max_model_len 64
+    assert list(df["num_rejected"]) == [1, 1]  # a 100-token prompt >= max_model_len 64
     assert list(df["offered_rate"]) == [2.0, 2.0]  # 9 gaps of 1 s, twice as fast
     # One request at a time holds one 32-token block (16 + 4 reserved) of the 499 usable
     # (block 0 is vLLM's null block).

@@ -24,9 +24,9 @@ class BlockHashCache(PrefixCachingKV):
     freed block stays indexed and joins the tail of the free queue (a request's blocks
     tail first, so its last blocks are evicted first); allocation takes the head of the
     queue, the least recently freed block, and drops it from the index then (an
-    eviction). A hit on a free block takes it out of the queue. Unlike vLLM, a block whose
-    content is indexed already (two requests computing the same prefix at once) is not
-    indexed a second time, and
+    eviction). A hit on a free block takes it out of the queue. A block whose content is
+    indexed already (two requests computing the same prefix at once) is indexed as a
+    second copy, which a lookup finds once the first is evicted. Unlike vLLM,
     decode blocks are registered when the request releases its blocks (finish or
     preemption) rather than as they fill: only a later request can contain a request's
     generated tokens (the next turn of its session, or itself after a preemption), so
@@ -57,6 +57,9 @@ class BlockHashCache(PrefixCachingKV):
         new: list[int] = []
         if need == 1 and queue.num_free_blocks:  # a decode's next block
             b = queue.popleft()
+            if self._index.dups:
+                self._index.dups.evicting(np.array([b], np.int64), self._index.key,
+                                          self._index.arena)
             key = self._index.key
             if key.item(b):
                 key[b] = 0
@@ -68,6 +71,8 @@ class BlockHashCache(PrefixCachingKV):
             if need > queue.num_free_blocks:
                 return None
             arr, new = queue.popleft_n_array(need)
+            if self._index.dups:
+                self._index.dups.evicting(arr, self._index.key, self._index.arena)
             start = len(request.block_ids)
             # The taken blocks still indexed are evicted now; their entries are dropped
             # as they are indexed again below (most are), one write a block.
@@ -93,8 +98,10 @@ class BlockHashCache(PrefixCachingKV):
         if self._decodes_registering(requests):
             return
         key, ref = self._index.key, self._ref_cnt
-        if len(requests) > 8:  # a decode run's blocks (sim/decode_group.py): as arrays
+        if len(requests) > 8 or self._index.dups:  # a decode run's blocks: as arrays
             arr, got = self.free_block_queue.popleft_n_array(len(requests))
+            if self._index.dups:
+                self._index.dups.evicting(arr, self._index.key, self._index.arena)
             evicted = int(np.count_nonzero(key[arr]))
             if evicted:
                 key[arr] = 0
@@ -149,7 +156,15 @@ class BlockHashCache(PrefixCachingKV):
             zero_list = zero.tolist()
         n = len(zero)
         if n:
-            self.free_block_queue.append_n(zero, zero_list)
+            # Blocks that carry no hash (a partial last block) go to the head, the
+            # cached ones to the tail (vLLM 0.33 BlockPool.free_blocks).
+            cached = self._index.key[zero] != 0
+            if cached.all():
+                self.free_block_queue.append_n(zero, zero_list)
+            else:
+                self.free_block_queue.prepend_n(zero[~cached].tolist())
+                if cached.any():
+                    self.free_block_queue.append_n(zero[cached], zero[cached].tolist())
         return n
 
     def check_invariants(self) -> None:

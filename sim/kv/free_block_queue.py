@@ -1,9 +1,15 @@
 """The LRU free queue of the block-hash prefix cache (sim/kv/block_cache.py): the free
 blocks in eviction order, least recently freed first, with vLLM's operations
 (``FreeKVCacheBlockQueue`` in ``vllm/v1/core/kv_cache_utils.py``: popleft, popleft_n,
-remove, append_n, get_all_free_blocks, num_free_blocks), and ``popleft_n_array`` for
-the blocks of a prefill chunk, taken as an array. It orders blocks only: which
-block is cached, and so what taking one evicts, is the cache's business.
+remove, append_n, prepend_n, get_all_free_blocks, num_free_blocks), and
+``popleft_n_array`` for the blocks of a prefill chunk, taken as an array. It orders
+blocks only: which block is cached, and so what taking one evicts, is the cache's
+business (vLLM 0.33's ``BlockPool.free_blocks`` puts freed blocks that carry no hash at
+the head, so they are reused before any cached block is evicted, and the rest at the
+tail).
+
+Blocks put at the head wait in ``_front`` (reversed: the head is its last entry), ahead
+of the array below; they are never cached, so never removed from the middle.
 
 vLLM links the blocks themselves into a doubly linked list, so that a hit on a free block
 leaves the middle of the queue in O(1). Here the queue is an array read from ``_head``
@@ -37,8 +43,8 @@ class FreeKVCacheBlockQueue:
     the counts right: it takes no more blocks than ``num_free_blocks``, and removes or
     appends only blocks that are free, or held, respectively."""
 
-    __slots__ = ("_base", "_clear_to", "_group_at", "_head", "_nstale", "_qlist", "_qstamp",
-                 "_queue", "_stamp", "_stamps", "_tail", "num_free_blocks")
+    __slots__ = ("_base", "_clear_to", "_front", "_group_at", "_head", "_nstale", "_qlist",
+                 "_qstamp", "_queue", "_stamp", "_stamps", "_tail", "num_free_blocks")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         n = num_gpu_blocks - 1
@@ -56,10 +62,14 @@ class FreeKVCacheBlockQueue:
         self._group_at = array("q", [0, 0])
         self._base = 0
         self._clear_to = 0
+        self._front: list[int] = []  # blocks put at the head, the head last
 
     def popleft(self) -> int:
         """Take the block at the head of the queue, the least recently freed (a decode's
         next block); the caller checked one is free."""
+        if self._front:
+            self.num_free_blocks -= 1
+            return self._front.pop()
         h = self._head
         if self._nstale and self._base + h >= self._clear_to:
             return self.popleft_n_array(1)[1][0]  # a stale entry may be at the head
@@ -70,6 +80,8 @@ class FreeKVCacheBlockQueue:
     def popleft_n(self, k: int) -> list[int]:
         """Take the ``k`` blocks at the head of the queue (k <= num_free_blocks), in
         order."""
+        if self._front:
+            return self.popleft_n_array(k)[1]
         h = self._head
         if self._nstale and self._base + h + k > self._clear_to:
             return self.popleft_n_array(k)[1]
@@ -82,6 +94,16 @@ class FreeKVCacheBlockQueue:
         """``popleft_n``, the blocks also as an array (for the cache's vector
         operations)."""
         assert k <= self.num_free_blocks, "the caller checked the free blocks"
+        front = self._front
+        if front:
+            m = min(k, len(front))
+            first = front[len(front) - m:][::-1]
+            del front[len(front) - m:]
+            self.num_free_blocks -= m
+            if m == k:
+                return np.array(first, np.int64), first
+            arr, rest = self.popleft_n_array(k - m)
+            return np.concatenate((np.array(first, np.int64), arr)), first + rest
         q, ql, h = self._queue, self._qlist, self._head
         if not self._nstale or k == 0 or self._base + h + k <= self._clear_to:
             self._head = h + k
@@ -118,7 +140,8 @@ class FreeKVCacheBlockQueue:
 
     def remove(self, blocks: np.ndarray) -> None:
         """Take free ``blocks`` out of the queue wherever they are (a hit on free
-        blocks): their entries go stale."""
+        blocks, which are cached, so never ones put at the head): their entries go
+        stale."""
         if not len(blocks):
             return
         first = self._group_at[int(self._stamp[blocks].min())]  # their groups start there
@@ -154,11 +177,17 @@ class FreeKVCacheBlockQueue:
         self._tail = t + n
         self.num_free_blocks += n
 
+    def prepend_n(self, blocks: list[int]) -> None:
+        """Put ``blocks``, which were held, at the head of the queue, in order (the
+        first is taken next)."""
+        self._front += reversed(blocks)
+        self.num_free_blocks += len(blocks)
+
     def get_all_free_blocks(self) -> list[int]:
         """The free blocks in eviction order, head first (for tests)."""
         h, t = self._head, self._tail
         q = self._queue[h:t]
-        return q[self._stamp[q] == self._qstamp[h:t]].tolist()
+        return self._front[::-1] + q[self._stamp[q] == self._qstamp[h:t]].tolist()
 
     def check(self) -> None:
         """Assert the queue is consistent (for tests): the count, the list mirror, the

@@ -1,29 +1,26 @@
-"""The prefix caches' block index (issue 9): which cached block, if any, holds each block
-of a prompt, found by position rather than by hash, so that a prefill chunk of hundreds
-of blocks is looked up, indexed and evicted in a few numpy operations.
+"""The prefix caches' block index: which cached block, if any, holds each block of a
+prompt, found by position rather than by hash, so that a prefill chunk of hundreds of
+blocks is looked up, indexed and evicted in a few numpy operations.
 
 **Slots.** A *slot* is one block of one segment chain: (chain, block index within the
-chain's span; see ``prefix_spans`` in sim/kv/prefix_content.py). Each slot has a fixed
-position in one array, the arena: a chain's slots are an extent of consecutive
-positions made when a request first needs them (more extents when a later request needs
-more of them, as a conversation's answer or a cut Mooncake block grows). A request's
-blocks thus map to an array of arena positions, ``positions(req)``, computed once per
-request: the per-segment work is done once, and a chunk's blocks are a slice of it.
+chain's span; see ``prefix_spans`` in sim/kv/prefix_content.py), at a fixed position in
+one array, the arena. A chain's slots are an extent of consecutive positions made when a
+request first needs them (more extents when a later request needs more, as a
+conversation's answer or a cut Mooncake block grows). A request's blocks map to an array
+of arena positions, ``positions(req)``, computed once per request.
 
 **Fixed slots.** A workload run fixes every block's slot before it starts
-(sim/kv/prefix_slots.py: one numpy pass over the whole workload) and hands each request its
-runs of positions at arrival (``Request.prefix_slots``); its positions are then those
-runs laid out (``_fixed``), the arena is sized once to the workload's slots, and nothing
-is ever compacted. The per-request mapping above (with ``_make_room``) serves the rest:
-workloads whose prompts have no content (each prompt its own) and requests built by hand
-(tests, ``RequestListArrivals``). One index serves one kind of request.
+(sim/kv/prefix_slots.py) and hands each request its runs of positions at arrival
+(``Request.prefix_slots``): the arena is sized once and never compacted. The
+per-request mapping (with ``_make_room``) serves prompts without content and requests
+built by hand. One index serves one kind of request.
 
 **Lazy validity.** ``arena[p]`` is the block last put at slot p, ``key[b]`` the slot
 block b is indexed at (0: none; position 0 is never a slot), and slot p holds a cached
-block exactly when ``key[arena[p]] == p``. Evicting blocks is therefore one write to
-``key``; their slots need no clearing. When the arena fills, the extents of chains no
-block is cached under any more are dropped and the rest moved together
-(``_make_room``); that renumbers positions, so the positions kept per request carry the
+block exactly when ``key[arena[p]] == p`` (later copies of it wait in ``dups``,
+sim/kv/second_copies.py). Evicting blocks is one write to ``key``. When the arena fills,
+the extents of chains no block is cached under are dropped and the rest moved together
+(``_make_room``), which renumbers positions: positions kept per request carry the
 compaction count (``epoch``) they belong to.
 """
 
@@ -33,6 +30,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from sim.kv.second_copies import SecondCopies
 
 if TYPE_CHECKING:
     from sim.request import Request
@@ -63,7 +62,7 @@ class PrefixIndex:
     at. Owns no block lifetimes: the caches decide what is indexed and evicted."""
 
     __slots__ = ("_block_size", "_chains", "_dynamic", "_ext_base", "_ext_chain", "_ext_off",
-                 "_multi", "_pos", "_spans", "_top", "arena", "epoch", "key")
+                 "_multi", "_pos", "_spans", "_top", "arena", "dups", "epoch", "key")
 
     def __init__(self, num_gpu_blocks: int, block_size: int,
                  spans: Callable[[Request], Spans]) -> None:
@@ -85,6 +84,7 @@ class PrefixIndex:
         self._ext_chain: list[int] = []
         self._ext_off: dict[int, int] = {}
         self.epoch = 0
+        self.dups = SecondCopies()  # later copies of cached blocks (sim/kv/second_copies.py)
         # (epoch, spans done, positions, first block and first position of the last run)
         self._pos: dict[Request, tuple[int, int, np.ndarray, int, int]] = {}
 
@@ -270,7 +270,9 @@ class PrefixIndex:
             skip = np.repeat(dst - (np.cumsum(size) - size), size)
             idx = np.arange(int(size.sum()), dtype=np.int64) + skip
             self.arena[idx] = arena[idx - np.repeat(dst - src, size)]
+        old_key = key.copy() if self.dups else key
         key[cached] = pos + shift[ext]
+        self.dups.renumber(old_key, key)
         self._chains, self._top = chains, top
         self._ext_base, self._ext_chain = ext_base, ext_chain
         self._ext_off, self._multi = {}, {}
@@ -357,15 +359,18 @@ class PrefixIndex:
         return True
 
     def insert(self, pos: np.ndarray, blocks: np.ndarray, keep: bool) -> None:
-        """Index ``blocks`` (not indexed) at ``pos``; with ``keep``, a slot holding a
-        cached block keeps it and the block there is left out (vLLM's first copy
-        wins). Slots never written (0: most of a new prompt's) hold none."""
+        """Index ``blocks`` (not indexed) at ``pos``; with ``keep``, a slot holding a cached
+        block keeps it (found first, as vLLM's) and the new block there waits in ``dups``.
+        Slots never written (0: most of a new prompt's) hold none."""
         arena = self.arena
         if keep:
             cur = arena[pos]
             if np.count_nonzero(cur):
                 free = self.key[cur] != pos
                 if np.count_nonzero(free) < len(free):
+                    taken = ~free
+                    self.dups.add(pos[taken], blocks[taken])
+                    self.key[blocks[taken]] = pos[taken]
                     pos, blocks = pos[free], blocks[free]
         arena[pos] = blocks
         self.key[blocks] = pos
@@ -380,15 +385,16 @@ class PrefixIndex:
         return self.lookup(pos, len(pos))
 
     def unindex(self, blocks: np.ndarray) -> None:
-        """Unindex ``blocks`` (indexed ones: evicted; the slots they held need no
-        clearing, as the module docstring explains)."""
+        """Unindex ``blocks`` (evicted; their slots need no clearing: lazy validity)."""
         self.key[blocks] = 0
 
     def num_cached(self) -> int:
         return int(np.count_nonzero(self.key))
 
     def check(self) -> None:
-        """Assert every indexed block is at its slot (for tests)."""
+        """Assert every indexed block is at its slot, or a second copy of the block
+        there (for tests)."""
         cached = np.flatnonzero(self.key)
         assert not self.key[0], "the null block is indexed"
-        assert (self.arena[self.key[cached]] == cached).all(), "a block is not at its slot"
+        away = cached[self.arena[self.key[cached]] != cached].tolist()
+        assert all(self.dups.holds(self.key.item(b), b) for b in away), "a block off its slot"
