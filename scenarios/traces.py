@@ -12,6 +12,9 @@ Owns the file formats (see ``../shared/traces/README.md``), detected from the fi
   integer nanoseconds before the one conversion to float.
 - ``mooncake``: Mooncake FAST'25 JSON Lines ``timestamp`` (ms), ``input_length``,
   ``output_length``, ``hash_ids`` (512-token prefix blocks). Arrival = timestamp / 1000.
+- ``vllm-bench``: the JSON of ``vllm bench serve --save-result --save-detailed`` (one object
+  with vLLM's per-request lists; read by scenarios/vllm_bench.py, which owns the format).
+  Told from Mooncake by vLLM's keys. Arrival = start_times minus the earliest.
 - length-only CSVs (``num_prefill_tokens``, ``num_decode_tokens``: Vidur, Sarathi-Serve) have
   no arrival times; ``load_lengths`` reads them (and any trace above) for ``lengths.Empirical``.
 
@@ -32,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from scenarios import vllm_bench
 from scenarios.workload import Workload
 
-TRACE_FORMATS = ("servesim", "azure", "mooncake")
+TRACE_FORMATS = ("servesim", "azure", "mooncake", "vllm-bench")
 _SERVESIM_REQUIRED = ("arrival_time", "num_prompt_tokens", "output_len")
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
@@ -73,7 +77,8 @@ def _header(lines: list[str]) -> list[str]:
 
 
 def detect_format(path: Path, lines: list[str] | None = None) -> str:
-    """The trace format of ``path`` (one of ``TRACE_FORMATS``), from its first line.
+    """The trace format of ``path`` (one of ``TRACE_FORMATS``), from its first line (a JSON
+    object: a vLLM benchmark result when it has vLLM's keys, else Mooncake JSON Lines).
 
     Raises:
         FileNotFoundError: no such file.
@@ -83,7 +88,7 @@ def detect_format(path: Path, lines: list[str] | None = None) -> str:
     lines = _read_lines(path) if lines is None else lines
     first = lines[0].lstrip()
     if first.startswith("{"):
-        return "mooncake"
+        return "vllm-bench" if vllm_bench.is_result(lines) else "mooncake"
     columns = set(_header(lines))
     if columns.issuperset(_AZURE_COLUMNS):
         return "azure"
@@ -326,7 +331,8 @@ def load_trace(path: Path | str, fmt: str | None = None) -> Workload:
         raise ValueError(f"trace_format must be one of {', '.join(TRACE_FORMATS)}; got {fmt!r}")
     lines = _read_lines(path)
     fmt = detect_format(path, lines) if fmt is None else fmt
-    loaders = {"servesim": _load_servesim, "azure": _load_azure, "mooncake": _load_mooncake}
+    loaders = {"servesim": _load_servesim, "azure": _load_azure, "mooncake": _load_mooncake,
+               "vllm-bench": vllm_bench.load_workload}
     return loaders[fmt](path, lines)
 
 

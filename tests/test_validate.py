@@ -229,6 +229,9 @@ def test_validate_command_writes_files_and_prints_errors(
     (("--scenario", "nope"), "scenario must be one of"),
     (("--timer", "sundial"), "timer must be one of"),
     (("--repeats", "0"), "repeats must be >= 1"),
+    (("--model", "llama-3.1-8b"), "model applies only with --against"),
+    (("--frontend-ttft-s", "0.01"), "frontend_ttft_s applies only with --against"),
+    (("--fit-frontend",), "fit_frontend applies only with --against"),
 ])
 def test_validate_command_bad_input(args: tuple[str, ...], message: str,
                                     tmp_path: Path) -> None:

@@ -72,9 +72,10 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
     Opt("step_time", float | None, None,
         "Constant step time in seconds instead of a cost model."),
     Opt("profile", str | None, None, "Calibrated profile JSON to use as the cost model."),
-    Opt("trace", str | None, None,
-        "Trace file: servesim CSV, Azure 2023 CSV or Mooncake JSONL."),
-    Opt("trace_format", str | None, None, "Force the trace format: servesim, azure, mooncake."),
+    Opt("trace", str | None, None, "Trace file: servesim CSV, Azure 2023 CSV, Mooncake JSONL "
+        "or a vllm bench serve result (--save-result --save-detailed)."),
+    Opt("trace_format", str | None, None,
+        "Force the trace format: servesim, azure, mooncake, vllm-bench."),
     Opt("scenario", str | None, None, "Built-in scenario (see `servesim list`)."),
     Opt("arrival", str | None, None,
         "Arrival process: poisson, gamma, constant, bursts (re-times a trace)."),
@@ -116,6 +117,18 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "or radix (SGLang's radix tree); prompts share blocks by Mooncake hash_ids or a "
         "scenario's prompt segments (docs/prefix_caching.md).", "none,block,radix"),
 )}
+
+#: The API server's term (calibration/frontend.py): options of the commands that compare
+#: with a client's measurements (validate --against), not RunConfig fields: the engine's
+#: run is the same with or without them.
+FRONTEND_OPTIONS: tuple[Opt, ...] = (
+    Opt("frontend_ttft_s", float | None, None,
+        "API server delay before each request's first token, in seconds (HTTP, "
+        "tokenization); added to simulated client-side TTFT and E2E."),
+    Opt("frontend_token_s", float | None, None,
+        "API server cost per output token after the first, in seconds (detokenization, "
+        "streaming); added to every simulated ITL, to TPOT, and n - 1 times to E2E."),
+)
 
 
 def list_form(opt: Opt) -> Opt:

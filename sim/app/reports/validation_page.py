@@ -1,7 +1,10 @@
 """validation.html: the page of one ``servesim validate`` run, drawn from its
 validation.json dict (sim/app/runs/validate.py), so the page can be redrawn from the file alone;
 and the run's outputs (``write_validation``: that page, validation.json and the two run
-directories, whole or not at all).
+directories, whole or not at all). A run against a vllm bench result (``--against``) has its
+own page (``against_page``: the error table without and with the frontend term, no step
+figures) and outputs (``write_against``: no measured/ run directory, the real server ran
+no servesim engine).
 
 Owns the tables (error table, step error, setup) and four figures: predicted against
 measured step times (same step, same shape), the per-step error over time, per-request TTFT
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +29,7 @@ from sim.app.runs.out_dir import check_files, check_run_dir, commit_dirs, discar
 from sim.app.runs.runner import Prepared, stage_run
 
 if TYPE_CHECKING:
+    from sim.app.runs.against import Against
     from sim.app.runs.validate import Validation
 
 PRED, MEAS = COLOURS[0], COLOURS[1]
@@ -38,11 +43,12 @@ def _val(x: float | None) -> str:
     return "-" if x is None else f"{x:,.3f}"
 
 
-def error_table_html(data: dict[str, Any]) -> str:
+def error_table_html(data: dict[str, Any], key: str = "errors",
+                     measured: str = "measured (real run)") -> str:
     rows = [[r["metric"], _val(r["predicted"]), _val(r["measured"]), _pct(r["error"])]
-            for r in data["errors"]]
-    return table(["metric", "predicted (simulation)", "measured (real run)",
-                   "error (pred / meas - 1)"], rows, table_id="errors")
+            for r in data[key]]
+    return table(["metric", "predicted (simulation)", measured,
+                   "error (pred / meas - 1)"], rows, table_id=key.replace("_", "-"))
 
 
 def step_error_html(data: dict[str, Any]) -> str:
@@ -193,6 +199,48 @@ def validation_page(data: dict[str, Any]) -> str:
     return page(f"servesim validate: {data['config']['policy']}", parts)
 
 
+def against_setup_html(data: dict[str, Any]) -> str:
+    """The setup of a run against a vllm bench result (sim/app/runs/against.py)."""
+    a, cfg = data["against"], data["config"]
+    meta = a["vllm"]
+    f = data["frontend"]
+    term = "none" if f is None else (
+        f"{f['ttft_s'] * 1e3:.1f} ms before the first token, {f['token_s'] * 1e3:.3f} ms per "
+        f"output token ({'fitted: ' + ', '.join(f['fitted']) if f['fitted'] else 'given'})")
+    rows = [["result", str(a["file"])],
+            ["server", ", ".join(f"{k} {meta[k]}" for k in ("backend", "model_id", "date")
+                                 if meta.get(k) is not None) or "-"],
+            ["requests replayed / failed (left out)",
+             f"{a['num_replayed']:,} / {a['num_failed']:,}"],
+            ["policy", str(cfg["policy"])],
+            ["max_num_seqs / max_num_batched_tokens",
+             f"{cfg['max_num_seqs']} / {cfg['max_num_batched_tokens']}"],
+            ["prediction", str(cfg["resolved"]["cost_model"])],
+            ["frontend term", term],
+            ["wall time (simulation)", f"{data['wall_s']['predicted']:.1f} s"]]
+    return table(["setting", "value"], rows, table_id="setup")
+
+
+def against_page(data: dict[str, Any]) -> str:
+    """The page of a run against a vllm bench result: the error table without and with
+    the frontend term, the setup, the per-request and CDF figures (no step figures: a
+    client sees no steps)."""
+    meas = "measured (vllm bench, client side)"
+    note = ("<p class=\"note\">error = predicted / measured - 1: positive when the "
+            "simulation says more than the server's clients measured. The frontend term "
+            "adds the API server's time to the simulated client-side times "
+            "(docs/fidelity.md).</p>")
+    parts: list[Any] = ['<div class="row"><div><h2>Error table: engine only</h2>',
+                        error_table_html(data, "errors", meas), note]
+    if data["errors_with_frontend"] is not None:
+        parts += ["<h2>Error table: with the frontend term</h2>",
+                  error_table_html(data, "errors_with_frontend", meas)]
+    parts += ["</div><div><h2>Setup</h2>", against_setup_html(data), "</div></div>",
+              "<h2>Per request</h2>", request_figure(data),
+              "<h2>Latency CDFs</h2>", cdf_figure(data)]
+    return page(f"servesim validate --against: {Path(data['against']['file']).name}", parts)
+
+
 # -- the run's outputs ---------------------------------------------------------------
 
 
@@ -238,3 +286,29 @@ def check_validation_out(out_dir: Path) -> None:
     check_files(out_dir, VALIDATION_FILES)
     for sub in ("predicted", "measured"):
         check_run_dir(Path(out_dir) / sub)
+
+
+def write_against(out_dir: Path, prep: Prepared, a: Against) -> dict[str, Any]:
+    """Write validation.json, validation.html and predicted/ (the simulation's run
+    directory) of a run against a result into ``out_dir``, as write_validation does; a
+    measured/ run directory left there by a real-run validate is removed (it would
+    describe another run). Returns the JSON dict. Raises ValueError as
+    check_validation_out."""
+    out_dir = check_files(out_dir, VALIDATION_FILES)
+    check_validation_out(out_dir)
+    from sim.app.runs.against import against_dict
+
+    data = against_dict(prep, a)
+    staged = [(stage_run(out_dir / "predicted", prep, a.predicted, full_steps=True),
+               out_dir / "predicted")]
+    try:
+        page_html = against_page(data)
+    except BaseException:
+        discard(staged)
+        raise
+    commit_dirs(staged)
+    if (out_dir / "measured").is_dir():
+        shutil.rmtree(out_dir / "measured")
+    write_files(out_dir, {"validation.json": lambda: json.dumps(data, indent=1) + "\n",
+                          "validation.html": lambda: page_html})
+    return data

@@ -231,10 +231,12 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     return predicted / measured - 1.0
 
 
-def error_rows(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per compared metric (METRICS): metric, predicted, measured, error."""
+def error_rows(predicted: dict[str, Any], measured: dict[str, Any],
+               metrics: Sequence[tuple[str, str]] = METRICS) -> list[dict[str, Any]]:
+    """One row per compared metric (``metrics``: (label, summary path) pairs):
+    metric, predicted, measured, error."""
     rows = []
-    for label, path in METRICS:
+    for label, path in metrics:
         p, m = _get(predicted, path), _get(measured, path)
         rows.append({"metric": label, "predicted": p, "measured": m,
                      "error": relative_error(p, m)})
@@ -270,7 +272,8 @@ def admission_order(requests: pd.DataFrame) -> list[str]:
     return list(r.sort_values("first_scheduled_time", kind="stable")["request_id"].astype(str))
 
 
-def _floats(values: Any, digits: int = 6) -> list[float | None]:
+def json_floats(values: Any, digits: int = 6) -> list[float | None]:
+    """``values`` for JSON: floats rounded to ``digits``, None where not finite."""
     return [None if not math.isfinite(v) else round(float(v), digits)
             for v in np.asarray(values, dtype=np.float64)]
 
@@ -281,10 +284,10 @@ def _request_columns(v: Validation) -> dict[str, Any]:
     ids = list(m.index)
     p = p.reindex(ids)
     out: dict[str, Any] = {"request_id": [str(i) for i in ids],
-                           "arrival_time": _floats(m["arrival_time"])}
+                           "arrival_time": json_floats(m["arrival_time"])}
     for col in ("ttft_s", "tpot_s", "e2e_latency_s"):
-        out[f"predicted_{col}"] = _floats(p[col])
-        out[f"measured_{col}"] = _floats(m[col])
+        out[f"predicted_{col}"] = json_floats(p[col])
+        out[f"measured_{col}"] = json_floats(m[col])
     return out
 
 
@@ -314,10 +317,10 @@ def validation_dict(prep: Prepared, v: Validation) -> dict[str, Any]:
         "num_steps": {"predicted": len(pred_sched), "measured": len(meas_sched)},
         "predicted": _summary(v.predicted.summary),
         "measured": _summary(v.measured.summary),
-        "steps": {c: (_floats(v.steps[c]) if v.steps[c].dtype.kind == "f"
+        "steps": {c: (json_floats(v.steps[c]) if v.steps[c].dtype.kind == "f"
                       else [int(x) for x in v.steps[c]]) for c in v.steps.columns},
         "requests": _request_columns(v),
-        "predicted_steps": {c: _floats(v.predicted.steps[c]) for c in (
+        "predicted_steps": {c: json_floats(v.predicted.steps[c]) for c in (
             "start_time", "duration_s", "num_seqs")},
     }
 
@@ -329,15 +332,15 @@ def _summary(summary: dict[str, Any]) -> dict[str, Any]:
 # -- terminal output --------------------------------------------------------------------
 
 
-def error_table(data: dict[str, Any]) -> Any:
-    """The error table as a rich Table (the CLI prints it)."""
+def error_table(data: dict[str, Any], key: str = "errors",
+                title: str = "simulation vs real run") -> Any:
+    """The error table ``data[key]`` as a rich Table (the CLI prints it)."""
     from rich.table import Table
 
-    t = Table(title="simulation vs real run (error = predicted / measured - 1)",
-              header_style="bold")
+    t = Table(title=f"{title} (error = predicted / measured - 1)", header_style="bold")
     for c in ("metric", "predicted", "measured", "error"):
         t.add_column(c, justify="left" if c == "metric" else "right")
-    for r in data["errors"]:
+    for r in data[key]:
         t.add_row(r["metric"], *("-" if r[k] is None else f"{r[k]:,.3f}"
                                  for k in ("predicted", "measured")),
                   "-" if r["error"] is None else f"{r['error']:+.1%}")
