@@ -1,6 +1,6 @@
 """Fidelity check: a Poisson scenario at about half of saturation, simulated with a
 calibrated profile and executed for real (``servesim validate``), with the targets of
-issue 5: throughput error at most 5%, E2E p50 and p99 errors at most 10%.
+docs/fidelity.md: throughput error at most 5%, E2E p50 and p99 errors at most 10%.
 
 First a prediction-only sweep over the arrival rate finds saturation (the plateau of
 throughput: the most requests/s any rate reached); then the real validation runs at

@@ -55,7 +55,7 @@ class QueuePolicy:
         self.num_swap_blocks = config.swap_space_bytes // bpb if bpb else 0
         self.num_swap_blocks_used = 0
         self._transfer_bytes = 0
-        # The prefix cache (issue 9), when the pool is one: admissions reuse its hits.
+        # The prefix cache, when the pool is one: admissions reuse its hits.
         self.prefix_cache = kv if isinstance(kv, PrefixCachingKV) else None
         self.lpm = isinstance(self.waiting, LPMQueue) and self.prefix_cache is not None
         # Lazily advanced steady decoders at the head of running (sim/decode_group.py),

@@ -2,8 +2,9 @@
 (lower value first, ties by arrival time, as vLLM's ``RequestQueue`` for the priority
 policy), ``sjf`` (shortest prompt first: realizable, the prompt is known at arrival) and
 ``oracle-srpt`` (shortest true remaining output first) and ``lpm`` (longest cached prefix
-first, SGLang's cache-aware order; needs a prefix cache). oracle-srpt reads ``output_len``,
-which no real engine knows: it is an unrealizable bound to compare against, not a policy."""
+first, SGLang's cache-aware order; needs a prefix cache). oracle-srpt reads ``output_len``
+(in the finish limit, ``max_output_tokens``), which no real engine knows: it is an
+unrealizable bound to compare against, not a policy."""
 
 from __future__ import annotations
 
@@ -83,8 +84,9 @@ class KeyedQueue:
         if self._key == "priority":
             return (r.priority, r.arrival_time)
         if self._key == "oracle-srpt":
-            # The one place a policy reads output_len, under a name that says so.
-            return (min(r.output_len, r.max_tokens) - r.num_output_tokens, r.arrival_time)
+            # The one place a policy reads output_len (in the finish limit), under a name
+            # that says so.
+            return (r.max_output_tokens - r.num_output_tokens, r.arrival_time)
         return (r.num_prompt_tokens, r.arrival_time)
 
     def push(self, req: Request) -> None:

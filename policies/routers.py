@@ -36,7 +36,7 @@ from typing import ClassVar
 
 from policies.router_tree import ApproxPrefixTree, prompt_path
 from sim.interface import ReplicaView, Router
-from sim.kv.prefix_content import Segments, unique_segment_id
+from sim.kv.prefix_content import Segments, segments_of
 from sim.request import Request
 
 #: SMG's cache_aware defaults: a cached prefix counts when it covers more than 0.3 of the
@@ -70,13 +70,30 @@ def imbalanced(replicas: Sequence[ReplicaView]) -> bool:
     return hi - lo > BALANCE_ABS_THRESHOLD and hi > BALANCE_REL_THRESHOLD * lo
 
 
+def check_prefix_cache(router: str, has_prefix_cache: bool) -> None:
+    """Raise ValueError naming ``router`` when it routes by the replicas' prefix caches
+    (cache-aware) and they have none (``has_prefix_cache`` False)."""
+    if router == CacheAwareRouter.name and not has_prefix_cache:
+        raise ValueError(f"router {router} needs a prefix cache (prefix_cache block or "
+                         "radix)")
+
+
 class RoundRobinRouter:
-    """Request i to replica i mod N (i counts every request routed so far)."""
+    """Request i to replica i mod N (i counts every request routed so far; ``start``
+    resets it)."""
 
     name: ClassVar[str] = "round-robin"
 
+    def __init__(self) -> None:
+        self._num_routed = 0
+
+    def start(self, replicas: Sequence[ReplicaView]) -> None:
+        self._num_routed = 0
+
     def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
-        return sum(r.num_routed for r in replicas) % len(replicas)
+        i = self._num_routed % len(replicas)
+        self._num_routed += 1
+        return i
 
 
 class LeastOutstandingRouter:
@@ -104,9 +121,7 @@ class CacheAwareRouter:
     name: ClassVar[str] = "cache-aware"
 
     def start(self, replicas: Sequence[ReplicaView]) -> None:
-        if not all(r.has_prefix_cache for r in replicas):
-            raise ValueError("router cache-aware needs a prefix cache (prefix_cache block "
-                             "or radix)")
+        check_prefix_cache(self.name, all(r.has_prefix_cache for r in replicas))
 
     def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
         if imbalanced(replicas):
@@ -130,7 +145,7 @@ class CacheAwareApproxRouter:
     name: ClassVar[str] = "cache-aware-approx"
 
     def __init__(self, prompt_segments: Callable[[Request], Segments] | None = None) -> None:
-        self._segments = prompt_segments or _own_segments
+        self._segments = prompt_segments or segments_of
         self._tree: ApproxPrefixTree | None = None
 
     def start(self, replicas: Sequence[ReplicaView]) -> None:
@@ -158,11 +173,6 @@ class CacheAwareApproxRouter:
                                                       r.num_routed, r.index)).index
         tree.insert(path, chosen)
         return chosen
-
-
-def _own_segments(req: Request) -> Segments:
-    """A request's ``prompt_segments``, or one segment of its own."""
-    return req.prompt_segments or ((unique_segment_id(req.request_id), req.num_prompt_tokens),)
 
 
 ROUTERS: dict[str, type] = {cls.name: cls for cls in (

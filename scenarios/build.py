@@ -87,11 +87,16 @@ def _from_scenario(spec: ScenarioSpec, arrival: str | None, rate: float | None,
     return workload.cut(None, window_s).with_max_tokens(spec.max_tokens)
 
 
-def _only_with_trace(**given: bool) -> None:
-    """Raise ValueError naming the first trace option given without a trace."""
-    for name, present in given.items():
-        if present:
-            raise ValueError(f"{name} applies only with a trace")
+def _generators(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """The arrival and the length generator of ``seed``: two independent children of
+    ``SeedSequence(seed)`` (module docstring). Raises ValueError unless ``seed`` is an
+    integer >= 0."""
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    arrival_rng, length_rng = (
+        np.random.default_rng(child) for child in np.random.SeedSequence(int(seed)).spawn(2)
+    )
+    return arrival_rng, length_rng
 
 
 def build_workload(
@@ -131,13 +136,9 @@ def build_workload(
             ``arrival``; a negative ``seed``; any out-of-range value (named in the message).
         FileNotFoundError: the trace file does not exist.
     """
-    if int(seed) != seed or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    arrival_rng, length_rng = _generators(seed)
     if burstiness is not None and arrival not in (None, "gamma"):
         raise ValueError(f"burstiness applies to arrival 'gamma' only, got arrival {arrival!r}")
-    arrival_rng, length_rng = (
-        np.random.default_rng(child) for child in np.random.SeedSequence(int(seed)).spawn(2)
-    )
     if trace is not None:
         if scenario is not None:
             raise ValueError("give either trace or scenario, not both")
@@ -145,7 +146,10 @@ def build_workload(
                                num_requests, window_s, arrival_rng,
                                length_rng if trace_sample else None)
     else:
-        _only_with_trace(trace_format=trace_format is not None, trace_sample=trace_sample)
+        if trace_format is not None:
+            raise ValueError("trace_format applies only with a trace")
+        if trace_sample:
+            raise ValueError("trace_sample applies only with a trace")
         spec = get_scenario("default" if scenario is None else scenario)
         workload = _from_scenario(spec, arrival, rate, burstiness, num_requests, window_s,
                                   arrival_rng, length_rng)

@@ -24,7 +24,7 @@ from heapq import heappop, heappush
 from itertools import chain
 
 from sim.kv.block_pool import KVCacheManager
-from sim.request import Request, finish_limit
+from sim.request import Request
 
 
 class DecodeGroup:
@@ -40,12 +40,11 @@ class DecodeGroup:
     at the coming step's start, not at ``last_end``.
     """
 
-    __slots__ = ("_base", "_buckets", "_cross", "_finish", "_joins", "_kv", "_max_len",
-                 "_phase", "ctx_sum", "fresh", "last_end", "members", "steps")
+    __slots__ = ("_base", "_buckets", "_cross", "_finish", "_joins", "_kv", "_phase",
+                 "ctx_sum", "fresh", "last_end", "members", "steps")
 
-    def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, kv: KVCacheManager) -> None:
         self._kv = kv
-        self._max_len = max_model_len
         self.members: list[Request] = []
         # r -> (steps, c, o) when last synced, and the join number its heap entries carry
         # (a request that left and joined again must not match its old entries).
@@ -86,7 +85,7 @@ class DecodeGroup:
         self._base[req] = (g, c, o, j)
         self.members.append(req)
         self.ctx_sum += c + 1
-        heappush(self._finish, (g + finish_limit(req, self._max_len) - o, j, req))
+        heappush(self._finish, (g + req.max_output_tokens - o, j, req))
         bs = self._kv.block_size
         heappush(self._cross, (g + len(req.block_ids) * bs - c + 1, j, req))
 

@@ -8,7 +8,8 @@ never be served); advance a steady-decode run when the policy promises one
 model, or an executor's measured time), wait it out (``yield env.timeout(dt)``), update
 and record. The update rule: num_computed_tokens += n; when a request's computed tokens
 reach its known tokens it samples one output token (the first sets first_token_time);
-at its finish limit (``sim.request.finish_limit``) it is done and the policy releases
+at its finish limit (``sim.request.finish_limit``, stored in the request's
+``max_output_tokens`` at admission) it is done and the policy releases
 it. With no work the engine waits on the next arrival's timeout event; it never polls.
 
 Two optional hooks serve sources that learn of arrivals only as the run goes (closed-loop
@@ -110,7 +111,6 @@ class Engine:
                       if fast_path and not every_step else None)
         self._step_time = cost_model.step_time
         self._max_len = config.max_model_len
-        self._num_sampled = 0  # output tokens produced so far (the livelock watchdog's clock)
         self._idle_schedules = 0  # consecutive plans that ran nothing with work waiting
         self._stall_steps = 0  # consecutive steps that sampled no token
         self._stall_max = self._stall_limit()
@@ -170,7 +170,8 @@ class Engine:
         """Why ``req`` can never be served, or None. vLLM 0.33's engine refuses only a
         prompt that leaves no room for an output token (``num_prompt_tokens >=
         max_model_len``); any other request is served and stops at max_model_len with
-        finish reason "length" (finish_limit), as its OpenAI server clamps max_tokens."""
+        finish reason "length" (finish_limit), as its OpenAI server clamps max_tokens.
+        Sets the request's ``max_output_tokens`` (its finish limit)."""
         p, limit = req.num_prompt_tokens, self._max_len
         if p >= limit:
             return (f"num_prompt_tokens ({p}) >= max_model_len ({limit}): no room for an "
@@ -181,7 +182,8 @@ class Engine:
         if kv.blocks_for(p) > kv.num_usable_blocks:
             return (f"prompt needs {kv.blocks_for(p)} KV blocks; the whole pool has "
                     f"{kv.num_usable_blocks}")
-        need = kv.blocks_for(p + finish_limit(req, limit) - 1)  # at its last token
+        req.max_output_tokens = finish_limit(req, limit)
+        need = kv.blocks_for(p + req.max_output_tokens - 1)  # at its last token
         if need > kv.num_usable_blocks:
             return (f"can never finish: needs {need} KV blocks at its end; the whole pool "
                     f"has {kv.num_usable_blocks}")
@@ -228,28 +230,46 @@ class Engine:
     # -- update and record: after the step's timeout --
     def _update(self, plan: BatchPlan, shape: BatchShape, start: float, dt: float) -> None:
         """The update rule for every request the step ran (a decode group's members head
-        running: they are released first, as in running order), the watchdogs, the
-        observer, the releases and the step's row."""
+        running: they are released first, as in running order), the livelock watchdog,
+        the observer, the releases and the step's row (preemptions of plans that ran
+        nothing before it count in it)."""
         end = self.env.now
-        sampled_before = self._num_sampled
-        done = self._apply(plan, start, end)
+        done, sampled = self._apply(plan, start, end)
         group = plan.group
         if group is not None and group.members:
             done = self._apply_group(group, start, end) + done
-        self._watch(plan, self._num_sampled > sampled_before)
+            sampled = True
+        # The watchdog: too many steps in a row without a sampled token is a preempt /
+        # re-admit livelock.
+        self._idle_schedules = 0
+        if plan.preempted:
+            self._last_preempted = plan.preempted[-1]
+        if sampled:
+            self._stall_steps = 0
+        else:
+            self._stall_steps += 1
+            if self._stall_steps > self._stall_max:
+                self._raise_stuck(self._last_preempted or plan.scheduled[0][0],
+                                  self._stall_steps)
         if self.observer is not None:
             self.observer(plan, start, end)
         blocks_used = self.kv.num_used_blocks  # before the policy releases anyone
         held = plan.num_slots_held
         self._release(done, end)
-        self._record(plan, shape, start, dt, blocks_used, held)
+        useful = shape.num_prefill_seqs + shape.num_decode_seqs  # every request it ran
+        self.recorder.record_step(StepRow(
+            start, dt, useful, shape.num_prefill_tokens, shape.num_decode_seqs, blocks_used,
+            self.policy.num_waiting, useful, held - useful, self.config.max_num_seqs - held,
+            len(plan.preempted) + self._unrecorded_preemptions))
+        self._unrecorded_preemptions = 0
 
-    def _apply(self, plan: BatchPlan, start: float, now: float) -> list[Request]:
-        """The update rule for the scheduled requests; returns those done generating."""
+    def _apply(self, plan: BatchPlan, start: float, now: float) -> tuple[list[Request], bool]:
+        """The update rule for the scheduled requests; returns those done generating and
+        whether any sampled a token."""
         done: list[Request] = []
         book_itl = self.recorder.book_itl
-        max_len = self._max_len
-        sampled = regular = 0  # regular: previous token at the end of the previous step
+        sampled = False
+        regular = 0  # previous token at the end of the previous step
         for req, n in plan.scheduled:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
@@ -260,7 +280,7 @@ class Engine:
                 continue  # partial prefill chunk: no token sampled
             o += 1
             req.num_output_tokens = o
-            sampled += 1
+            sampled = True
             if o == 1:
                 req.first_token_time = now
             elif req.last_token_time == start:
@@ -268,19 +288,17 @@ class Engine:
             else:
                 book_itl(now - req.last_token_time)  # type: ignore[operator]
             req.last_token_time = now
-            if o >= finish_limit(req, max_len):
+            if o >= req.max_output_tokens:
                 _finish(req)
                 done.append(req)
-        self._num_sampled += sampled
         if regular:
             self.recorder.book_itl_step(now - start, regular)
-        return done
+        return done, sampled
 
     def _apply_group(self, group: DecodeGroup, start: float, end: float) -> list[Request]:
         """The update rule for a decode group's members: one token each, all regular ITL
         samples of this step; returns the members that sampled their last token."""
         n = len(group.members)
-        self._num_sampled += n
         rec = self.recorder
         fresh = group.fresh  # joined during a stall: previous token at this step's start
         if fresh:
@@ -303,16 +321,6 @@ class Engine:
             if on_release is not None:
                 on_release(req, end)
 
-    def _record(self, plan: BatchPlan, shape: BatchShape, start: float, dt: float,
-                blocks_used: int, held: int) -> None:
-        """The step's row; preemptions of plans that ran nothing before it count here."""
-        useful = shape.num_prefill_seqs + shape.num_decode_seqs  # every request it ran
-        self.recorder.record_step(StepRow(
-            start, dt, useful, shape.num_prefill_tokens, shape.num_decode_seqs, blocks_used,
-            self.policy.num_waiting, useful, held - useful, self.config.max_num_seqs - held,
-            len(plan.preempted) + self._unrecorded_preemptions))
-        self._unrecorded_preemptions = 0
-
     def _end_run(self, finished: list[Request], end: float) -> None:
         """After a fast-path run: the requests that sampled their last token in its last
         step finish and are released."""
@@ -321,19 +329,6 @@ class Engine:
         self._release(finished, end)
 
     # -- the watchdogs --
-    def _watch(self, plan: BatchPlan, sampled: bool) -> None:
-        """After a step that ran: too many steps in a row without a sampled token is a
-        preempt / re-admit livelock."""
-        self._idle_schedules = 0
-        if plan.preempted:
-            self._last_preempted = plan.preempted[-1]
-        if sampled:
-            self._stall_steps = 0
-            return
-        self._stall_steps += 1
-        if self._stall_steps > self._stall_max:
-            self._raise_stuck(self._last_preempted or plan.scheduled[0][0], self._stall_steps)
-
     def _stall_limit(self) -> int:
         """Steps without a sampled token before a livelock is declared: a legal schedule
         moves the head of running by at least min(budget, threshold) tokens a step, so it

@@ -35,7 +35,7 @@ from sim.interface import (
 )
 from sim.kv.block_pool import KVCacheManager
 from sim.metrics import Recorder
-from sim.request import Request, finish_limit
+from sim.request import Request
 from sim.source import ArrivalSource
 
 #: Longest run advanced at once: bounds the per-run lists and keeps progress reporting live.
@@ -65,16 +65,17 @@ class FastPath:
     arrival source) are found once, here.
     """
 
-    __slots__ = ("_advance", "_arrivals", "_cost_model", "_kv", "_max_len", "_max_seqs",
-                 "_policy", "_price_run", "_rec", "_routing_time", "_steady")
+    __slots__ = ("_advance", "_arrivals", "_cost_model", "_kv", "_max_seqs", "_policy",
+                 "_price_run", "_rec", "_routing_time", "_steady")
 
-    def __init__(self, steady: Callable[[float], SteadyDecode | None], policy: Scheduler,
-                 kv: KVCacheManager, config: SchedulerConfig, cost_model: CostModel,
-                 arrivals: ArrivalSource, recorder: Recorder) -> None:
-        self._steady = steady
+    def __init__(self, policy: Scheduler, kv: KVCacheManager, config: SchedulerConfig,
+                 cost_model: CostModel, arrivals: ArrivalSource, recorder: Recorder) -> None:
+        """Raises TypeError when ``policy`` has no ``steady_decode``."""
+        if not isinstance(policy, SteadyDecoder):
+            raise TypeError(f"{type(policy).__name__} promises no steady decode")
+        self._steady: Callable[[float], SteadyDecode | None] = policy.steady_decode
         self._policy = policy
         self._kv = kv
-        self._max_len = config.max_model_len
         self._max_seqs = config.max_num_seqs
         self._cost_model = cost_model
         self._arrivals = arrivals
@@ -103,7 +104,7 @@ class FastPath:
             if k >= 2:
                 k = group.safe_steps(k, kv.num_free_blocks)
         else:
-            k = min(remaining_steps(steady.requests, self._max_len), MAX_RUN_STEPS)
+            k = min(remaining_steps(steady.requests), MAX_RUN_STEPS)
             if k >= 2:
                 k, new_blocks = safe_steps(steady.requests, kv.block_size, kv.num_free_blocks, k)
         if k < 2:
@@ -197,16 +198,16 @@ def make_fast_path(policy: Scheduler, kv: KVCacheManager, config: SchedulerConfi
     declares ``attach_decode_group``, and returns a FastPath when it declares
     ``steady_decode`` (None otherwise: every step is planned one by one)."""
     if isinstance(policy, GroupDecoder) and declares(policy, "attach_decode_group"):
-        policy.attach_decode_group(DecodeGroup(kv, config.max_model_len))
+        policy.attach_decode_group(DecodeGroup(kv))
     if not (isinstance(policy, SteadyDecoder) and declares(policy, "steady_decode")):
         return None
-    return FastPath(policy.steady_decode, policy, kv, config, cost_model, arrivals, recorder)
+    return FastPath(policy, kv, config, cost_model, arrivals, recorder)
 
 
-def remaining_steps(requests: Sequence[Request], max_model_len: int) -> int:
+def remaining_steps(requests: Sequence[Request]) -> int:
     """Steps every request of a steady decode survives without finishing: one less than
-    the fewest tokens any of them still has to produce."""
-    return min(finish_limit(r, max_model_len) - r.num_output_tokens for r in requests) - 1
+    the fewest tokens any of them still has to produce (to its ``max_output_tokens``)."""
+    return min(r.max_output_tokens - r.num_output_tokens for r in requests) - 1
 
 
 def safe_steps(requests: Sequence[Request], block_size: int, num_free_blocks: int,

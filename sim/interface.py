@@ -76,27 +76,30 @@ class StepCounter(Protocol):
     def advance(self, num_steps: int) -> None: ...
 
 
-#: The policy methods a fast-path promise speaks for: in a run the engine calls neither
-#: for each step, so a class that redefines one of them makes its own promise or none.
-PROMISED_METHODS = ("schedule", "on_step_end")
-
-
 def declares(policy: object, hook: str) -> bool:
     """Whether ``policy``'s class makes the fast-path promise ``hook`` (``steady_decode``
-    or ``attach_decode_group``) for the schedule() and on_step_end() it runs: the class
-    that defines the hook is the class that defines each of them, or a subclass of it.
-    A subclass that overrides schedule() or on_step_end() so does not inherit the
-    promise; it runs step by step until it defines the hook in its own class body.
-    False for a hook that is missing or set on the instance only."""
+    or ``attach_decode_group``) for the code it runs. The promise speaks for the class
+    that defines the hook (its owner) and the classes it inherits: in a run the engine
+    calls neither schedule() nor on_step_end() for each step, so any method a subclass
+    redefines (schedule(), or a helper it calls such as ``_schedule_waiting`` or
+    ``allocate``) may break it. A class in the policy's MRO outside the owner's that
+    defines any method other than dunders (``__init__``) so withdraws the promise: the
+    policy runs step by step until that class defines the hook in its own body. Plain
+    class attributes (a ``name``) keep it. False for a hook that is missing or set on
+    the instance only."""
     mro = type(policy).__mro__
     owner = next((k for k in mro if hook in vars(k)), None)
     if owner is None:
         return False
-    for name in PROMISED_METHODS:
-        definer = next((k for k in mro if name in vars(k)), None)
-        if definer is None or definer not in owner.__mro__:
-            return False
-    return True
+    inherited = owner.__mro__
+    return not any(_defines_method(k) for k in mro if k not in inherited)
+
+
+def _defines_method(cls: type) -> bool:
+    """Whether ``cls``'s own body defines a method (or property) other than a dunder."""
+    return any(not (name.startswith("__") and name.endswith("__"))
+               and (callable(value) or isinstance(value, (staticmethod, classmethod, property)))
+               for name, value in vars(cls).items())
 
 
 # -- the engine's other optional seams: an arrival source, a cost model --

@@ -19,17 +19,14 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 from operator import sub
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sim.latency_stats import ItlSamples, meets_slos, stats, weighted_stats
 from sim.request import Request, RequestStatus
 from sim.saturation import saturation_summary
-from sim.table import Table, column, to_frame
-
-if TYPE_CHECKING:
-    import pandas as pd
+from sim.table import Table, column
 
 STEP_COLUMNS = (
     "start_time", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
@@ -242,23 +239,15 @@ class Recorder:
         out.update({c: steps[:, i].copy() for i, c in enumerate(_CONST_STEP_COLUMNS)})
         return {c: out[c] for c in STEP_COLUMNS}
 
-    def requests_frame(self) -> pd.DataFrame:
-        """``request_columns`` as a pandas DataFrame (imports pandas)."""
-        return to_frame(self.request_columns())
-
-    def steps_frame(self) -> pd.DataFrame:
-        """``step_columns`` as a pandas DataFrame (imports pandas)."""
-        return to_frame(self.step_columns())
-
 
 #: Columns that must be equal for consecutive steps to share one compressed row.
 RLE_KEY = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
            "slots_useful", "slots_idle", "slots_empty")
 
 
-def compress_steps(steps: Table | pd.DataFrame) -> dict[str, np.ndarray]:
+def compress_steps(steps: Table) -> dict[str, np.ndarray]:
     """Run-length compress a step table (columns as in STEP_COLUMNS, and any others,
-    such as a cluster's ``replica``; a DataFrame works too): consecutive steps with the
+    such as a cluster's ``replica``): consecutive steps with the
     same composition (RLE_KEY) and no preemption share one row with ``num_steps`` = how
     many, the first step's ``start_time`` (and other columns), the summed ``duration_s``
     and the largest ``kv_blocks_used``. A step with a preemption always keeps its own
@@ -284,14 +273,14 @@ def compress_steps(steps: Table | pd.DataFrame) -> dict[str, np.ndarray]:
 
 
 def summarize(
-    requests: Table | pd.DataFrame, steps: Table | pd.DataFrame,
+    requests: Table, steps: Table,
     itl: np.ndarray | ItlSamples, *, max_num_seqs: int,
     num_gpu_blocks: int, block_size: int, slo_ttft_s: float | None = None,
     slo_tpot_s: float | None = None,
 ) -> dict[str, Any]:
     """The summary.json dictionary (keys listed in the README; later versions add keys,
     never rename). ``requests`` holds REQUEST_COLUMNS and ``steps`` STEP_COLUMNS, as
-    column tables (sim/table.py) or DataFrames; ``itl`` is the pooled ITL samples in
+    column tables (sim/table.py); ``itl`` is the pooled ITL samples in
     seconds (an array or ItlSamples)."""
     status = column(requests, "status")
     done = status == RequestStatus.FINISHED.value
@@ -349,7 +338,7 @@ def _throughput(num_output_tokens: np.ndarray, num_prompt_tokens: np.ndarray,
     }
 
 
-def _kv_cache(steps: Table | pd.DataFrame, num_gpu_blocks: int,
+def _kv_cache(steps: Table, num_gpu_blocks: int,
               block_size: int) -> dict[str, Any]:
     """summary.json's ``kv_cache``: the pool, and its usage (blocks in use / usable
     blocks) at its peak step and as a mean weighted by step duration."""
@@ -363,7 +352,7 @@ def _kv_cache(steps: Table | pd.DataFrame, num_gpu_blocks: int,
     }
 
 
-def _slots(steps: Table | pd.DataFrame, slot_total: int) -> dict[str, float]:
+def _slots(steps: Table, slot_total: int) -> dict[str, float]:
     """summary.json's ``slots``: useful, idle and empty slot-steps over ``slot_total``
     (steps x max_num_seqs)."""
     return {f"{k}_fraction": (float(column(steps, f"slots_{k}").sum()) / slot_total

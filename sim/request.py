@@ -31,6 +31,11 @@ class Request:
     a workload fact that no policy may read), ``max_tokens`` (the client's cap, which
     policies may read) and ``priority`` (lower value = more urgent, as in vLLM).
 
+    ``max_output_tokens`` is the finish limit (output tokens after which it is done):
+    ``min(output_len, max_tokens)`` at creation, narrowed by max_model_len when the
+    engine admits it (``finish_limit``); every path reads it from here. It holds
+    output_len, so no policy may read it either (oracle-srpt's bound apart).
+
     Progress fields are advanced by the engine; times are simulated seconds, None until
     the event happens. ``finish_reason`` is ``"stop"`` (output_len reached), ``"length"``
     (max_tokens or max_model_len reached) or None; ``reason`` explains a rejection.
@@ -73,6 +78,11 @@ class Request:
     prefix_slots: tuple[list[int], list[int], int] | None = None
     # Prompt tokens found in the prefix cache at the first admission (vLLM's name).
     num_cached_tokens: int = 0
+    max_output_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # No max_model_len is known before admission; the engine's guard sets the limit.
+        self.max_output_tokens = min(self.output_len, self.max_tokens)
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +101,7 @@ class Request:
 
 def finish_limit(req: Request, max_model_len: int) -> int:
     """Output tokens after which ``req`` is done generating: min(output_len, max_tokens,
-    max_model_len - num_prompt_tokens). Every path of the engine (a step's update, a
-    fast-path run, a decode group) stops a request here."""
+    max_model_len - num_prompt_tokens). The engine stores it in ``max_output_tokens``
+    when it admits the request; every path (a step's update, a fast-path run, a decode
+    group, oracle-srpt's order) reads it there."""
     return min(req.output_len, req.max_tokens, max_model_len - req.num_prompt_tokens)

@@ -37,14 +37,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sim.table import Table, column
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 GROWTH_FRACTION = 0.05
 """Backlog growth, as a fraction of the offered rate, above which a run is saturated."""
@@ -77,11 +74,11 @@ def _not_measured(reason: str) -> dict[str, Any]:
             "saturation": {"rule": RULE, "measured": False, "reason": reason}}
 
 
-def saturation_summary(requests: Table | pd.DataFrame) -> dict[str, Any]:
+def saturation_summary(requests: Table) -> dict[str, Any]:
     """The summary.json keys ``saturated``, ``latency_steady_state`` and ``saturation``
     (the rule, the fitted growth and the numbers it was compared with) of a run's request
     rows (columns arrival_time, finish_time in seconds; a column table as in
-    sim/table.py or a DataFrame)."""
+    sim/table.py)."""
     arr = column(requests, "arrival_time").astype(np.float64)
     if arr.size < 2:
         return _not_measured("fewer than two requests")

@@ -2,9 +2,9 @@
 same length, in column order.
 
 The run path (simulate -> summarize -> write_run) works on these, so ``servesim run``
-never imports pandas (about 0.2 s of start-up). Owns the column accessor that also reads
-a pandas DataFrame, the CSV writer (byte for byte what ``DataFrame.to_csv(index=False)``
-writes) and the conversion to a DataFrame for the callers that want one.
+never imports pandas (about 0.2 s of start-up). Owns the column accessor, the CSV
+writer (byte for byte what ``DataFrame.to_csv(index=False)`` writes) and the conversion
+to a DataFrame for the callers that want one.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-#: A column table; a pandas DataFrame reads the same through ``column``.
+#: A column table: column name -> one numpy array per column, all of one length.
 Table = Mapping[str, np.ndarray]
 
 
-def column(table: Table | pd.DataFrame, name: str) -> np.ndarray:
-    """Column ``name`` of a column table or a DataFrame as a numpy array (no copy where
-    none is needed). Raises KeyError for a missing column."""
+def column(table: Table, name: str) -> np.ndarray:
+    """Column ``name`` of a column table as a numpy array (no copy where none is
+    needed). Raises KeyError for a missing column."""
     return np.asarray(table[name])
 
 

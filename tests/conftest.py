@@ -1,5 +1,5 @@
-"""Shared test factories (vLLM-style): make_requests, run_sim, the shared/ path, and the
-hypothesis profiles of the property and differential tests."""
+"""Shared test factories (vLLM-style): make_requests, run_sim, the shared/ path, the
+fast_runs spy, and the hypothesis profiles of the property and differential tests."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import settings
 from policies import get_policy_class
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
+from sim.fastpath import FastPath, Run
 from sim.request import Request
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
@@ -33,6 +34,21 @@ def shared_path(*parts: str) -> Path:
     if not p.exists():
         pytest.skip(f"{p} not found: the shared/ folder (public traces) is not beside the repo")
     return p
+
+
+@pytest.fixture
+def fast_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The steps of every fast-path run the engine applies during the test, in order
+    (spied on FastPath.apply); empty when every step ran one by one."""
+    runs: list[int] = []
+    apply = FastPath.apply
+
+    def spy(self: FastPath, run: Run) -> list[Request]:
+        runs.append(len(run.times) - 1)
+        return apply(self, run)
+
+    monkeypatch.setattr(FastPath, "apply", spy)
+    return runs
 
 
 def make_requests(

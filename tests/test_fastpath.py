@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from policies import get_policy_class
 from sim.batch import BatchShape
 from sim.config import SchedulerConfig
-from sim.fastpath import FastPath, Run
 from sim.request import Request
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
@@ -105,18 +104,11 @@ def test_fast_path_equals_step_by_step(w: tuple[dict, SchedulerConfig, str, int,
     assert_same(*w)
 
 
-def test_fast_path_takes_long_decode_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fast_path_takes_long_decode_runs(fast_runs: list[int]) -> None:
     # Two requests decoding 200 tokens each with ample blocks: after the prefill step the
     # engine advances the decode phase in one run of 199 steps, the last of them the one
     # in which both sample their 200th token.
-    runs: list[int] = []
-    real = FastPath.apply
-
-    def spy(self: FastPath, run: Run) -> list[Request]:
-        runs.append(len(run.times) - 1)
-        return real(self, run)
-
-    monkeypatch.setattr(FastPath, "apply", spy)
+    runs = fast_runs
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=4096)
     args = {"output_lens": [200, 200], "prompt": 20}
     ref = run(args, cfg, "chunked", 1000, 16, fast=False)

@@ -39,7 +39,7 @@ def test_blocks_leave_in_the_order_they_were_freed() -> None:
     q.check()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(st.integers(2, 12), st.lists(st.tuples(st.integers(0, 4), st.integers(0, 99)),
                                     max_size=80))
 def test_the_queue_behaves_as_a_list(num_blocks: int, ops: list[tuple[int, int]]) -> None:

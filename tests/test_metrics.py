@@ -20,7 +20,7 @@ def finished(i: int, arrival: float, ttft: float, n_out: int, e2e: float) -> Req
     return r
 
 
-def frames(reqs: list[Request]) -> Recorder:
+def recorded(reqs: list[Request]) -> Recorder:
     rec = Recorder()
     for r in reqs:
         rec.record_request(r)
@@ -31,17 +31,17 @@ def frames(reqs: list[Request]) -> Recorder:
 def test_k06_tpot_is_per_request_itl_is_per_token() -> None:
     a = finished(0, 0.0, 0.100, 2, 0.200)
     b = finished(1, 0.0, 0.100, 101, 1.100)
-    rec = frames([a, b])
+    rec = recorded([a, b])
     rec.book_itl(0.100)  # A's single gap
     rec.book_itl(0.010, 100)  # B's 100 gaps
-    df = rec.requests_frame()
-    s = summarize(df, rec.steps_frame(), rec.itl_samples(), max_num_seqs=1,
+    requests = rec.request_columns()
+    s = summarize(requests, rec.step_columns(), rec.itl_samples(), max_num_seqs=1,
                   num_gpu_blocks=10, block_size=16)
     assert s["tpot_s"]["mean"] == pytest.approx(0.055)
     assert s["itl_s"]["mean"] == pytest.approx(0.01089, abs=1e-5)
     assert s["itl_s"]["p50"] == pytest.approx(0.010)
     # TTFT + sum of a request's ITLs = its E2E
-    assert pytest.approx(df.loc[1, "e2e_latency_s"]) == 0.100 + 100 * 0.010
+    assert pytest.approx(requests["e2e_latency_s"][1]) == 0.100 + 100 * 0.010
 
 
 def test_k07_goodput_counts_requests_meeting_every_slo() -> None:
@@ -59,8 +59,8 @@ def test_k07_goodput_counts_requests_meeting_every_slo() -> None:
     failed = Request("9", 0.0, 10, 5, 5, index=9)
     failed.status = RequestStatus.REJECTED
     failed.reason = "test"
-    rec = frames([*reqs, failed])
-    s = summarize(rec.requests_frame(), rec.steps_frame(), np.zeros(0), max_num_seqs=1,
+    rec = recorded([*reqs, failed])
+    s = summarize(rec.request_columns(), rec.step_columns(), np.zeros(0), max_num_seqs=1,
                   num_gpu_blocks=10, block_size=16, slo_ttft_s=0.2, slo_tpot_s=0.05)
     assert s["duration_s"] == pytest.approx(5.0)
     assert s["goodput_requests_per_s"] == pytest.approx(1.2)

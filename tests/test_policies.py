@@ -186,7 +186,7 @@ def test_k02_never_fitting_requests_are_rejected_under_every_policy(
     assert (df["num_output_tokens"][1:4] == 50).all()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(policy=st.sampled_from(QUEUED), prompt=st.integers(1, 400), held=st.integers(44, 64),
        full_isl=st.booleans(), allocation=st.sampled_from(["paged", "reserve"]),
        threshold=st.sampled_from([0, 48]))

@@ -1,4 +1,4 @@
-"""Prefix caching (issue 9), vLLM's block-hash mode and what both modes share: prompt
+"""Prefix caching, vLLM's block-hash mode and what both modes share: prompt
 content as segments, the Mooncake 512-token mapping, hand-computed hits and eviction
 order, the cost of a hit, lpm, the CLI, and reference counts under random use
 (hypothesis). SGLang's radix mode: tests/test_radix_cache.py; the generated shared-prefix

@@ -85,7 +85,7 @@ def test_a_recomputed_block_is_deduplicated() -> None:
         kv.free(a)
         assert admit(kv, b) == a_blocks[:3]
         assert (b.block_ids == a_blocks) is shared
-        assert kv.num_used_blocks == 4 and kv.num_cached_blocks() == cached
+        assert kv.num_used_blocks == 4 and kv._index.num_cached() == cached
         kv.check_invariants()
 
 

@@ -212,13 +212,3 @@ def test_cli_sweep_takes_runs_engine_and_workload_options(tmp_path: Path) -> Non
     # One request at a time holds one 32-token block (16 + 4 reserved) of the 499 usable
     # (block 0 is vLLM's null block).
     assert df["kv_peak_usage"].tolist() == pytest.approx([1 / 499, 1 / 499])
-
-
-def test_the_cli_lists_every_axis_sweep_and_plan_vary() -> None:
-    # The CLI declares its axes without importing the runs (kept light for --help).
-    from sim.app.cli.capacity import PLAN_AXES as CLI_PLAN_AXES
-    from sim.app.cli.capacity import SWEEP_AXES
-    from sim.app.runs.plan import PLAN_AXES
-    from sim.app.runs.sweep import AXES
-
-    assert tuple(AXES) == SWEEP_AXES and CLI_PLAN_AXES == PLAN_AXES

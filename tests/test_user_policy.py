@@ -21,7 +21,6 @@ from sim.batch import BatchPlan
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
 from sim.engine import SchedulerStuck
-from sim.fastpath import FastPath, Run
 from sim.interface import declares
 from sim.kv.block_pool import KVCacheManager
 from sim.request import Request
@@ -181,17 +180,10 @@ def test_a_subclass_that_overrides_schedule_runs_step_by_step() -> None:
 
 
 def test_example_policy_keeps_the_fast_path_with_the_references_records(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        fast_runs: list[int]) -> None:
     # The KV-pressure workload above, plus later arrivals: preemptions requeue by the
     # last token's time, and steady decodes between them run on the fast path.
-    runs: list[int] = []
-    apply = FastPath.apply
-
-    def spy(self: FastPath, run: Run) -> list[Request]:
-        runs.append(len(run.times) - 1)
-        return apply(self, run)
-
-    monkeypatch.setattr(FastPath, "apply", spy)
+    runs = fast_runs
     res = [simulate(RequestListArrivals(make_requests([64, 64, 4, 30, 12], prompt=16,
                                                       arrivals=[0, 0, 2, 20, 21])),
                     policy_factory=LongestWaitingFirst, config=SchedulerConfig(max_num_seqs=2),
@@ -209,6 +201,62 @@ def test_a_subclass_that_declares_the_promise_takes_the_fast_path() -> None:
     ref, _ = watched_run(WatchingLongestWaiting, False, *args)
     fast, seen = watched_run(PromisingWatcher, True, *args)
     assert [t for t, _ in seen] == [0.0, 20.0]
+    assert fast.requests.equals(ref.requests) and fast.steps.equals(ref.steps)
+
+
+class EagerAdmit(ChunkedPolicy):
+    """Overrides a helper of ChunkedPolicy's schedule(), not schedule() itself: admits the
+    head of waiting whenever its next chunk fits (no reserve for the full prompt), so a
+    steady decode can be cut short by preemptions ChunkedPolicy's promise never saw.
+    Records (budget, waiting requests) at every _schedule_waiting call."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        super().__init__(config, kv)
+        self.calls: list[tuple[int, int]] = []
+
+    def _schedule_waiting(self, scheduled: dict[Request, int], budget: int,
+                          threshold: int) -> None:
+        self.calls.append((budget, len(self.waiting)))
+        while (len(self.waiting) and len(self.running) < self.config.max_num_seqs
+               and budget > 0):
+            req = self.waiting.peek()
+            n = min(req.num_new_tokens, threshold or budget, budget)
+            if self.blocks_needed(req, n) > self.kv.num_free_blocks:
+                break
+            self.admit_allocating(req, n, None)
+            scheduled[req] = n
+            budget -= n
+
+
+def eager_run(fast_path: bool) -> tuple[SimResult, list[tuple[int, int]]]:
+    """Two 100-token decodes (prompts of 64) and, at t = 1, a 400-token prompt admitted
+    chunk by chunk into a 30-block pool; the result and EagerAdmit's calls."""
+    policies: list[EagerAdmit] = []
+
+    def factory(config: SchedulerConfig, kv: KVCacheManager) -> EagerAdmit:
+        policies.append(EagerAdmit(config, kv))
+        return policies[-1]
+
+    res = simulate(
+        RequestListArrivals(make_requests([100, 100, 5], [64, 64, 400], [0.0, 0.0, 1.0])),
+        policy_factory=factory,
+        config=SchedulerConfig(max_num_seqs=4, long_prefill_token_threshold=64),
+        cost_model=ConstantCostModel(1.0), num_gpu_blocks=30, fast_path=fast_path)
+    return res, policies[0].calls
+
+
+def test_a_subclass_that_overrides_a_helper_runs_step_by_step(fast_runs: list[int]) -> None:
+    # The late prompt is preempted and re-admitted as the decodes grow. ChunkedPolicy's
+    # promise does not speak for the overridden helper, so both engines call it alike
+    # and record the same steps and preemptions.
+    assert not declares(EagerAdmit(SchedulerConfig(), KVCacheManager(30, 16)),
+                        "steady_decode")
+    ref, ref_calls = eager_run(False)
+    fast, calls = eager_run(True)
+    assert fast_runs == []
+    assert calls == ref_calls
+    # Recorded from the reference: 105 steps, 79 of them with a request waiting.
+    assert (len(ref.steps), len(ref_calls), ref.summary["num_preemptions"]) == (105, 79, 27)
     assert fast.requests.equals(ref.requests) and fast.steps.equals(ref.steps)
 
 

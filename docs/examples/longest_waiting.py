@@ -8,9 +8,10 @@ request back at the head of the queue; here the next request is the one that has
 longest since it was last served (its last token, or its arrival if it has none), so a
 request preempted a moment ago queues behind one that has not run at all.
 
-It overrides neither ``schedule()`` nor ``on_step_end()``, so it keeps ChunkedPolicy's
-fast-path promise; a subclass that overrides either runs step by step until it declares
-the promise itself (docs/policies.md, "The fast path and your policy").
+Its class defines no method but ``__init__``, so it keeps ChunkedPolicy's fast-path
+promise; a subclass that overrides a method (``schedule()`` or any helper) runs step by
+step until it declares the promise itself (docs/policies.md, "The fast path and your
+policy").
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Named scenarios: a ready-made arrival process plus length model, chosen by name.
 
-Owns the preset table (plain Python, no TOML parser needed on Python 3.10) and
-``ScenarioSpec``. This is a package, not a module, so that ``pyproject.toml``'s
+Owns the preset table and ``ScenarioSpec``. The table is plain Python, not TOML: the
+project supports Python 3.10 (``requires-python`` in pyproject.toml), which has no
+``tomllib``. This is a package, not a module, so that ``pyproject.toml``'s
 ``scenarios.presets`` package (and its ``*.toml`` package data, reserved for user presets
 later) resolves; the import path is ``scenarios.presets`` either way.
 
@@ -27,12 +28,12 @@ clipped to the range observed in the trace; statistics from ../shared/traces/REA
   log-normal median 96, sigma 0.6, clipped to [32, 256]; output median 24, sigma 0.6,
   clipped to [8, 64]. Every step stays inside the profile's measured grid (32 seqs, 512
   batched tokens, context 2048).
-- ``system-prompts`` (issue 9, prefix caching): ``default`` traffic whose prompts each
+- ``system-prompts`` (for prefix caching): ``default`` traffic whose prompts each
   start with one of 8 system prompts of 2,048 tokens, Zipf 1.0 popularity (the most
   popular in 37% of requests), then the chat-length user message.
-- ``multi-turn`` (issue 9): chat sessions of 5 turns on average behind a shared 1,024-token
-  system prompt; each turn's prompt is the previous prompt plus its answer plus a new
-  chat-length message, 30 s think time on average, contexts up to 32,768 tokens.
+- ``multi-turn`` (for prefix caching): chat sessions of 5 turns on average behind a shared
+  1,024-token system prompt; each turn's prompt is the previous prompt plus its answer plus
+  a new chat-length message, 30 s think time on average, contexts up to 32,768 tokens.
   Sessions start at 0.4/s (rate 2 / 5 turns), about 2 req/s once sessions overlap;
   the 1,000 requests span about 990 s as the last sessions' turns trail on.
 """

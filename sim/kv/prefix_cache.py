@@ -150,10 +150,6 @@ class PrefixCachingKV(KVCacheManager):
         need = cdiv(num_tokens, self.block_size) - len(request.block_ids)
         return need <= self.num_free_blocks
 
-    def num_cached_blocks(self) -> int:
-        """Blocks in the index (held or free)."""
-        return self._index.num_cached()
-
     # -- lookup --
     def get_computed_blocks(self, req: Request) -> ComputedBlocks:
         """``req``'s hit: the cached blocks of its longest cached prefix, at most

@@ -1,5 +1,5 @@
-"""What a prompt says and what names each of its blocks, for the prefix caches (issue 9;
-the caches are sim/kv/prefix_cache.py, sim/kv/block_cache.py and sim/kv/radix_cache.py; user guide:
+"""What a prompt says and what names each of its blocks, for the prefix caches (the
+caches are sim/kv/prefix_cache.py, sim/kv/block_cache.py and sim/kv/radix_cache.py; user guide:
 docs/prefix_caching.md).
 
 **Prompt content without tokens.** A request's prompt is a chain of *segments*, ``(segment
@@ -69,6 +69,12 @@ def unique_segment_id(request_id: str) -> int:
     return _segment_id(b"servesim-prompt", request_id)
 
 
+def segments_of(req: Request) -> Segments:
+    """``req``'s prompt as segments: its ``prompt_segments``, or else one segment of its
+    own (``unique_segment_id``) covering the whole prompt."""
+    return req.prompt_segments or ((unique_segment_id(req.request_id), req.num_prompt_tokens),)
+
+
 def mooncake_segments(hash_ids: Sequence[int], num_prompt_tokens: int, request_id: str,
                       tokens_per_id: int = MOONCAKE_BLOCK_TOKENS) -> Segments:
     """A Mooncake prompt as segments: one per hash id, ``tokens_per_id`` tokens each, the
@@ -122,11 +128,9 @@ def prefix_spans(req: Request, block_size: int) -> list[int]:
     spans = req.prefix_spans
     if spans is not None:
         return spans
-    segments = req.prompt_segments or (
-        (unique_segment_id(req.request_id), req.num_prompt_tokens),)
     spans = []
     chain, prev_len, start, j0 = CHAIN_ROOT, 0, 0, 0
-    for sid, length in segments:
+    for sid, length in segments_of(req):
         chain = chain_hash(chain, prev_len, sid)
         start += length
         j1 = start // block_size

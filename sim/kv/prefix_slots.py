@@ -1,4 +1,4 @@
-"""Every block of every request of a workload named once, in bulk, before the run (issue 9
+"""Every block of every request of a workload named once, in bulk, before the run (for
 speed): the prefix caches' slots (sim/kv/prefix_index.py) fixed per workload instead of
 found per request during the run.
 

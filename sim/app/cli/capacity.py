@@ -17,15 +17,11 @@ from rich.table import Table
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
 from sim.app.cli.options import OPTIONS, declare, seeds, with_options
-
-#: The axes sweep varies (sim/app/runs/sweep.py's AXES, in its order).
-SWEEP_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-              "long_prefill_token_threshold", "tensor_parallel_size", "replicas",
-              "prefix_cache", "burstiness", "rate", "concurrency")
+from sim.app.runs.axes import AXES, PLAN_AXES
 
 
 @with_options(
-    *declare([n for n in OPTIONS if n != "seed"], axes=SWEEP_AXES,
+    *declare([n for n in OPTIONS if n != "seed"], axes=AXES,
              router={"default": "least-outstanding"}),
     seeds("0", "every cell replays each seed's workload."))
 def sweep(
@@ -46,7 +42,7 @@ def sweep(
     from sim.app.runs.sweep import Grid, check_cells, run_sweep
 
     try:
-        grid = Grid.parse({a: opts.pop(a) for a in SWEEP_AXES}, opts.pop("seeds"))
+        grid = Grid.parse({a: opts.pop(a) for a in AXES}, opts.pop("seeds"))
         think_time = opts.pop("think_time")  # closed-loop cells only: given to each cell
         base = RunConfig(**opts)
         if workers is not None and workers < 1:
@@ -106,10 +102,6 @@ def sweep_table(df: Any, axes: list[str], limit: int = 60) -> Table:
         t.caption = (t.caption or "") + f" (first {limit} of {len(agg)} cells shown)"
     return t
 
-
-#: The config grid a plan compares (sim/app/runs/plan.py's PLAN_AXES).
-PLAN_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-             "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")
 
 #: Run options a plan sets itself: each probe's load and arrivals (Poisson or gamma at a
 #: searched rate, or a searched number of users; a time scale or a window would change

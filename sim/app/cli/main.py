@@ -41,7 +41,7 @@ def main() -> None:
         code = app(standalone_mode=False)
     except Exception as e:  # re-raised below unless it is a usage error
         names = {c.__name__ for c in type(e).__mro__}
-        if "NoArgsIsHelpError" in names:  # `servesim` alone: the help, as before
+        if "NoArgsIsHelpError" in names:  # `servesim` alone: the help, exit 0
             ctx = getattr(e, "ctx", None)
             print(ctx.get_help() if ctx is not None else e)
             sys.exit(0)

@@ -1,6 +1,10 @@
 """Loading a run directory written by ``servesim run`` (config.json, summary.json,
 requests.csv, steps.csv) for the report (sim/app/reports/report.py), checked so that a corrupt or
-foreign directory is one clear line, not a traceback deep in a figure."""
+foreign directory is one clear line, not a traceback deep in a figure.
+
+Also owns ``HEADLINE``, the summary entries of the headline and comparison tables
+(sim/app/reports/tables.py draws them), since the check of a run's summary.json reads the
+same entries."""
 
 from __future__ import annotations
 
@@ -40,7 +44,6 @@ HEADLINE = (
     ("slots held idle", "slots.idle_fraction", 1, ".1%", "lower"),
     ("slots empty", "slots.empty_fraction", 1, ".1%", ""),
 )
-
 
 
 RUN_FILES = ("config.json", "summary.json", "requests.csv", "steps.csv")
@@ -136,7 +139,7 @@ def _check_summary(run: Path, summary: dict[str, Any]) -> None:
 
 
 def _check_headline(where: str, summary: dict[str, Any]) -> None:
-    """The headline table's optional entries (report_tables.HEADLINE): null, absent, or
+    """The headline table's optional entries (``HEADLINE``): null, absent, or
     a number (an integer for counts) under objects."""
     for _, key, _, fmt, _ in HEADLINE:
         v: Any = summary

@@ -1,6 +1,9 @@
 """HTML pages for ``servesim sweep`` (sweep.html) and ``servesim plan`` (capacity.html):
 plotly figures, plotly.js inlined once per page so the page works offline, plain tables.
 plotly is imported only inside these functions (the simulator never needs it).
+
+Also owns the sweep's outputs (``write_sweep``: sweep.csv, every row in grid order;
+sweep.json, the base config and the grid; sweep.html), written whole or not at all.
 """
 
 from __future__ import annotations

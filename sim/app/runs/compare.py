@@ -21,9 +21,9 @@ from typing import Any
 from rich.table import Table
 
 from policies.registry import POLICIES, get_policy_class
-from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, PREFIX_CACHE_MODES, QUEUE_ORDERS
 from sim.app.runs.out_dir import check_run_dir, commit_dirs, discard
 from sim.app.runs.runner import Prepared, RunConfig, check_router, stage_run
+from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, PREFIX_CACHE_MODES, QUEUE_ORDERS
 from sim.simulate import SimResult
 
 #: Modifier value -> the RunConfig / SchedulerConfig field it sets.

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.engine import SchedulerStuck
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
+from sim.engine import SchedulerStuck
 
 MIN_RATE = 1e-3
 """The lowest rate (req/s) a search probes."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.app.runs.axes import PLAN_AXES
 from sim.app.runs.load_search import (
     SLO,
     Probe,
@@ -42,10 +43,6 @@ from sim.app.runs.load_search import (
 from sim.app.runs.runner import MAX_REPLICAS, RunConfig, prepare, simulate_prepared
 from sim.app.runs.sweep import Grid
 from sim.engine import SchedulerStuck
-
-PLAN_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-             "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")
-"""Engine knobs a plan may compare (the config grid)."""
 
 BURSTINESS_LEVELS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Gamma shapes of the burstiness evidence (CV = 1/sqrt(k); 1 = Poisson)."""

@@ -19,18 +19,18 @@ from calibration.memory import KVCachePlan, check_max_model_len, plan_for
 from calibration.roofline import RooflineCostModel
 from calibration.specs import DTYPE_BYTES, GIB, get_gpu, get_model
 from policies.registry import get_policy_class
-from policies.routers import ROUTERS, make_router
+from policies.routers import ROUTERS, check_prefix_cache, make_router
 from scenarios.build import build_workload
 from scenarios.workload import Workload
+from sim.app.runs.out_dir import commit_dirs, stage_dir
+from sim.app.runs.prompt_content import prompt_content, workload_segments
 from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepExecutor, StepObserver
 from sim.metrics import compress_steps
-from sim.app.runs.out_dir import commit_dirs, stage_dir
 from sim.simulate import SimResult, simulate
 from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals
 from sim.table import write_csv
-from sim.app.runs.prompt_content import prompt_content, workload_segments
 
 VERSION = "0.1.0"
 
@@ -123,10 +123,9 @@ def _check_prefix_cache(cfg: RunConfig) -> None:
 def check_router(cfg: RunConfig) -> None:
     """Raise ValueError when the router needs what the run lacks: ``cache-aware`` routes
     by the replicas' prefix caches. Checked where a run's final config is known (a
-    compare cell or a sweep cell may bring the cache), not in RunConfig itself."""
-    if cfg.router == "cache-aware" and cfg.prefix_cache == "none":
-        raise ValueError("router cache-aware needs a prefix cache (prefix_cache block or "
-                         "radix)")
+    compare cell or a sweep cell may bring the cache), not in RunConfig itself; the rule
+    is the router's (policies/routers.py check_prefix_cache, which its start applies)."""
+    check_prefix_cache(cfg.router, cfg.prefix_cache != "none")
 
 
 #: Most replicas one run simulates (each has its own engine, pool and records in memory).

@@ -1,31 +1,27 @@
 """``servesim sweep``: what-if grids over engine knobs and load.
 
-Owns the grid (comma-separated values per axis, the cartesian product of the axes given,
-times the seeds), the per-cell run (one RunConfig -> one row of knobs and summary metrics),
-and sweep.csv. Every cell replays the same seeded workload (common random numbers): for one
-seed, every cell sees the same request lengths and the same arrival draws (a different rate
-only rescales the gaps), so differences between cells are the knobs', not the dice's.
-Cells run in worker processes (sim/app/runs/backends.py); rows come back in grid order, so reruns
-with the same seeds write byte-identical sweep.csv files.
+Owns the grid (comma-separated values per axis, the cartesian product of the axes given
+in sim/app/runs/axes.py, times the seeds) and the per-cell run (one RunConfig -> one row
+of knobs and summary metrics); sim/app/reports/sweep_page.py writes the rows as
+sweep.csv. Every cell replays the same seeded workload (common random numbers): for one
+seed, every cell sees the same request lengths and the same arrival draws (a different
+rate only rescales the gaps), so differences between cells are the knobs', not the
+dice's. Cells run in worker processes (sim/app/runs/backends.py); rows come back in grid
+order, so reruns with the same seeds give byte-identical rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from sim.app.runs.axes import AXES, LOAD_AXES
 from sim.app.runs.backends import map_ordered
-from sim.config import PREFIX_CACHE_MODES
-from sim.engine import SchedulerStuck
-from sim.latency_stats import meets_slos
-from sim.app.runs.out_dir import write_files
 from sim.app.runs.runner import (
     RunConfig,
     check_config,
@@ -34,30 +30,8 @@ from sim.app.runs.runner import (
     prepare,
     simulate_prepared,
 )
-
-
-def prefix_cache_mode(text: str) -> str:
-    """One value of the prefix_cache axis: none, block or radix."""
-    if text not in PREFIX_CACHE_MODES:
-        raise ValueError(f"one of {', '.join(PREFIX_CACHE_MODES)}")
-    return text
-
-
-#: Axis name (a RunConfig field) -> parser of one value. Grid order follows this order.
-AXES: dict[str, Callable[[str], Any]] = {
-    "policy": str,
-    "max_num_seqs": int,
-    "max_num_batched_tokens": int,
-    "gpu_memory_utilization": float,
-    "long_prefill_token_threshold": int,
-    "tensor_parallel_size": int,
-    "replicas": int,
-    "prefix_cache": prefix_cache_mode,
-    "burstiness": float,
-    "rate": float,
-    "concurrency": int,
-}
-LOAD_AXES = ("rate", "concurrency")
+from sim.engine import SchedulerStuck
+from sim.latency_stats import meets_slos
 
 METRICS = (
     "offered_rate", "num_requests", "num_finished", "num_rejected", "num_gpus",

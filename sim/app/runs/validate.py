@@ -6,9 +6,9 @@ Owns: :class:`RealSetup` (how the real run executes, read from the profile: its 
 dtype and torch threads), :func:`prepare_validation`, :func:`run_validation` (both runs over
 one prepared workload and config: the same engine, policy, KV allocator and arrivals; only
 the step times differ), the error figures (:func:`error_rows`, :func:`step_error`), and
-validation.json (:func:`validation_dict`, :func:`write_validation`). The page is
-sim/app/reports/validation_page.py. torch is imported only through calibration.executor, inside
-:func:`run_validation`.
+validation.json's content (:func:`validation_dict`). The page and the files
+(``write_validation``) are sim/app/reports/validation_page.py's. torch is imported only
+through calibration.executor, inside :func:`run_validation`.
 
 Errors are signed relative errors of the prediction: ``predicted / measured - 1`` (+10%:
 the simulation says 10% more than the real run measured).
