@@ -1,9 +1,11 @@
-"""The ``servesim calibrate`` command: measure step latencies with torch (or refit a stored
-profile), fit the step-cost model, print the held-out error table, write the profile.
+"""The ``servesim calibrate`` command: measure step latencies on a real engine (servesim's
+torch decoder, or vLLM in its own process: calibration/vllm_measure.py), or refit a stored
+profile; fit the step-cost model, print the held-out error table, write the profile.
 
 Owns: :func:`register` (adds the command to the main Typer app) and the command itself.
-Bad input, a missing torch, a corrupt profile or a refused fit end in one line on stderr and
-exit code 1. torch is imported only when measuring.
+Bad input, a missing torch, a failed vLLM driver, a corrupt profile or a refused fit end in
+one line on stderr and exit code 1. torch is imported only when measuring with it; vLLM
+never here.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -24,7 +27,12 @@ from calibration.fit import FEATURES, FitRejected, FitResult, fit_points
 from calibration.profile import Profile, load_profile, profile_from_measurement, refit, save_profile
 from calibration.specs import ModelSpec
 
+if TYPE_CHECKING:
+    from calibration.grid import GridConfig
+    from calibration.measure import Measurement
+
 INSTALL_HINT = "install the calibration extra: pip install 'servesim[calibration]'"
+ENGINES = ("torch", "vllm")
 
 
 def register(app: typer.Typer) -> None:
@@ -58,6 +66,25 @@ def _report(console: Console, profile: Profile, title: str) -> None:
     console.print(f"fit ({profile.fit.status}, knot {knot} tokens): {coefs}", highlight=False)
     if profile.approximation:
         console.print(f"approximation: {profile.approximation}", highlight=False)
+    if profile.engine.get("name") == "vllm":
+        console.print(engine_line(profile.engine), highlight=False)
+
+
+def engine_line(e: dict[str, Any]) -> str:
+    """vLLM's start-up facts and its own share of a step (all but the model forward and
+    the LM head: scheduling, input preparation, sampling, output processing), per region
+    (median over the points)."""
+    shares: dict[str, list[float]] = {}
+    for row in e.get("phases", []):
+        model = row.get("model_forward", 0.0) + row.get("compute_logits", 0.0)
+        shares.setdefault(row["region"], []).append(1 - model / row["seconds"])
+    own = ", ".join(f"{r} {sorted(v)[len(v) // 2]:.1%}" for r, v in shares.items())
+    return (f"engine: vLLM {e.get('vllm_version')} (torch {e.get('torch_version')}) on "
+            f"{e.get('device')}, {e.get('dtype')}, block size {e.get('block_size')}, "
+            f"{'eager' if e.get('enforce_eager') else 'compiled'}, KV cache "
+            f"{e.get('kv_cache_tokens', 0):,} tokens ({e.get('num_gpu_blocks')} blocks), "
+            f"start-up {e.get('startup_s', 0):.1f} s, {e.get('timer')} clock; vLLM's own "
+            f"share of a step (median): {own or 'not timed'}")
 
 
 def _save(profile: Profile, out: Path) -> None:
@@ -124,6 +151,20 @@ def model_spec(model: str, config: Path | None) -> ModelSpec:
         raise ValueError(f"--config {file}: {msg}") from exc
 
 
+def check_engine_options(engine: str, python: str | None, block_size: int | None,
+                         enforce_eager: bool | None) -> None:
+    """Raises ValueError naming --engine (torch or vllm) or a vLLM-only option given with
+    the torch engine (--python, --block-size, --enforce-eager), or a --block-size < 1."""
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    given = [name for name, value in (("--python", python), ("--block-size", block_size),
+                                      ("--enforce-eager", enforce_eager)) if value is not None]
+    if engine == "torch" and given:
+        raise ValueError(f"{', '.join(given)}: only with --engine vllm")
+    if block_size is not None and block_size < 1:
+        raise ValueError(f"--block-size must be >= 1, got {block_size}")
+
+
 def calibrate(
     model: Annotated[str, typer.Option(
         help="Model preset to measure (see `servesim list`); ignored with --config.")
@@ -144,13 +185,13 @@ def calibrate(
     repeats: Annotated[int, typer.Option(
         help="Timed rounds over the grid; each point keeps its fastest run.")] = 5,
     threads: Annotated[int | None, typer.Option(
-        help="torch CPU threads while measuring (default 1: robust on a shared machine; "
-             "0 = torch's default).")] = 1,
+        help="CPU threads while measuring: torch's, or vLLM's OpenMP threads (default 1: "
+             "robust on a shared machine; 0 = the library's default).")] = 1,
     budget_s: Annotated[float, typer.Option(
         help="Measuring time limit in seconds; points measured so far are kept.")] = 540.0,
     out: Annotated[Path | None, typer.Option(
-        help="Profile JSON to write. Default: DEVICE-MODEL.json (with --refit: overwrite "
-             "the refitted profile).")] = None,
+        help="Profile JSON to write. Default: DEVICE-MODEL.json, DEVICE-vllm-MODEL.json "
+             "with --engine vllm (with --refit: overwrite the refitted profile).")] = None,
     force: Annotated[bool, typer.Option(
         help="Keep a fit whose held-out MAPE exceeds 10% in some region.")] = False,
     refit_path: Annotated[Path | None, typer.Option(
@@ -158,9 +199,26 @@ def calibrate(
     config: Annotated[Path | None, typer.Option(
         help="Hugging Face config.json to measure instead of a preset.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the random weights and tokens.")] = 0,
+    engine: Annotated[str, typer.Option(
+        help="What runs the steps: torch (servesim's random-weight decoder) or vllm (a "
+             "real vLLM V1 engine with dummy weights, in its own process: --python).")
+    ] = "torch",
+    python: Annotated[str | None, typer.Option(
+        help="Python that has vLLM installed (--engine vllm). Default: this one.")] = None,
+    timer: Annotated[str, typer.Option(
+        help="Step clock: thread (the measuring thread's CPU time: other processes' time "
+             "on the core not counted), wall, or auto (thread on CPU with one thread, "
+             "else wall).")] = "auto",
+    block_size: Annotated[int | None, typer.Option(
+        help="vLLM's KV block size (--engine vllm; default: vLLM's, 128 on CPU).")] = None,
+    enforce_eager: Annotated[bool | None, typer.Option(
+        "--enforce-eager/--no-enforce-eager",
+        help="vLLM eager mode, or its compiled mode (--engine vllm; default eager: "
+             "start-up in seconds, not minutes).")] = None,
 ) -> None:
-    """Measure prefill, decode and mixed step latencies with torch, fit a step-cost model
-    and write a versioned profile (`servesim run --profile FILE` uses it)."""
+    """Measure prefill, decode and mixed step latencies on a real engine (servesim's torch
+    decoder, or vLLM), fit a step-cost model and write a versioned profile (`servesim run
+    --profile FILE` uses it)."""
     console = Console()
     if refit_path is not None:
         try:
@@ -171,31 +229,68 @@ def calibrate(
         _refit(console, refit_path, out or refit_path, force)
         return
     from calibration.grid import GridConfig
-    from calibration.measure import measure
+    from calibration.measure import resolve_timer
 
     try:
         check_run_options(seed, threads)
+        check_engine_options(engine, python, block_size, enforce_eager)
+        resolve_timer(timer, device, threads)
         spec = model_spec(model, config)
         grid = GridConfig(max_num_seqs, max_num_batched_tokens, max_context, repeats)
-        target = out or Path(f"{device.split(':')[0]}-{spec.name}.json")
+        name = f"{'vllm-' if engine == 'vllm' else ''}{spec.name}"
+        target = out or Path(f"{device.split(':')[0]}-{name}.json")
         check_out(target)
     except (ValueError, OSError) as exc:
         _fail(str(exc))
+    start = time.perf_counter()
+    run = dict(num_layers=num_layers, dtype=dtype, device=device, budget_s=budget_s,
+               seed=seed, timer=timer)
+    if engine == "vllm":
+        m = _measure_vllm(spec, grid, run, python, config, threads, block_size,
+                          enforce_eager)
+    else:
+        m = _measure_torch(spec, grid, run, threads)
+    console.print(f"measured {len(m.points)} of {m.num_planned} grid points in "
+                  f"{m.elapsed_s:.0f} s on {m.device_name} ({m.engine['timer']} clock)",
+                  highlight=False)
+    if len(m.points) < m.num_planned // 2:
+        _fail(f"only {len(m.points)} of {m.num_planned} grid points fit in --budget-s "
+              f"{budget_s:g}; raise it, or lower --num-layers or the grid limits")
+    _fit_and_save(console, spec, m, target, force)
+    console.print(f"wrote {target} in {time.perf_counter() - start:.0f} s", highlight=False)
+
+
+def _measure_torch(spec: ModelSpec, grid: GridConfig, run: dict[str, Any],
+                   threads: int | None) -> Measurement:
+    from calibration.measure import measure
+
     if importlib.util.find_spec("torch") is None:
         _fail(f"torch is not installed; {INSTALL_HINT}")
-    start = time.perf_counter()
     try:
-        m = measure(spec, grid, num_layers=num_layers, dtype=dtype, device=device,
-                    threads=threads or None, budget_s=budget_s, seed=seed)
+        return measure(spec, grid, threads=threads or None, **run)
     except ImportError as exc:
         _fail(f"cannot import torch ({exc}); {INSTALL_HINT}")
     except (ValueError, RuntimeError) as exc:
         _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    console.print(f"measured {len(m.points)} of {m.num_planned} grid points in "
-                  f"{m.elapsed_s:.0f} s on {m.device_name}", highlight=False)
-    if len(m.points) < m.num_planned // 2:
-        _fail(f"only {len(m.points)} of {m.num_planned} grid points fit in --budget-s "
-              f"{budget_s:g}; raise it, or lower --num-layers or the grid limits")
+
+
+def _measure_vllm(spec: ModelSpec, grid: GridConfig, run: dict[str, Any], python: str | None,
+                  config: Path | None, threads: int | None, block_size: int | None,
+                  enforce_eager: bool | None) -> Measurement:
+    from calibration.vllm_measure import DriverError, VllmSettings, measure_vllm
+
+    file = config / "config.json" if config is not None and config.is_dir() else config
+    settings = VllmSettings(python or sys.executable, file, threads or None, block_size,
+                            True if enforce_eager is None else enforce_eager)
+    try:
+        return measure_vllm(spec, grid, settings, **run)
+    except (ValueError, DriverError) as exc:
+        _fail(str(exc))
+
+
+def _fit_and_save(console: Console, spec: ModelSpec, m: Measurement, target: Path,
+                  force: bool) -> None:
+    """Fit, report, write the profile; a refused fit keeps the measurements beside it."""
     try:
         fit = fit_points(m.points, force=force)
     except FitRejected as exc:
@@ -210,7 +305,6 @@ def calibrate(
     profile = profile_from_measurement(spec, m, fit)
     _report(console, profile, "held-out error per region")
     _save(profile, target)
-    console.print(f"wrote {target} in {time.perf_counter() - start:.0f} s", highlight=False)
 
 
 def _refit(console: Console, source: Path, target: Path, force: bool) -> None:

@@ -1,10 +1,11 @@
 """Timing real engine steps on a random-weight torch decoder.
 
 Owns: :func:`measure` (warm-up, interleaved timed rounds, CUDA synchronisation, peak
-memory, a rich progress bar with time left, the time budget) and :class:`Measurement` (what
-it returns). The grid and the point records live in calibration/grid.py. torch is imported
-inside :func:`measure` only (this module and calibration/torch_model.py are its only
-importers).
+memory, a rich progress bar with time left, the time budget), :class:`Measurement` (what
+it returns, also for the vLLM engine: calibration/vllm_measure.py) and the step clocks
+(:data:`TIMERS`, :func:`resolve_timer`). The grid and the point records live in
+calibration/grid.py. torch is imported inside :func:`measure` only (this module and
+calibration/torch_model.py are its only importers).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from calibration.grid import GridConfig, GridPoint, MeasuredPoint, make_grid
@@ -22,10 +23,34 @@ from calibration.grid import GridConfig, GridPoint, MeasuredPoint, make_grid
 if TYPE_CHECKING:
     from calibration.specs import ModelSpec
 
+TIMERS = ("auto", "thread", "wall")
+"""Step clocks: thread = the measuring thread's CPU time (time.thread_time), wall =
+perf_counter (CUDA synchronised), auto = thread on CPU with one thread, else wall."""
+
+
+def resolve_timer(timer: str, device: str, threads: int | None) -> str:
+    """"thread" or "wall" for ``timer`` on ``device`` with ``threads`` compute threads
+    (None: the library's default, several). The thread clock counts only while the step
+    runs on that thread, so other processes' time on the core is left out (a shared CPU
+    inflates wall-clock steps several-fold); it misses other threads' and a GPU's work,
+    so it needs device cpu and one thread. Raises ValueError naming timer otherwise."""
+    if timer not in TIMERS:
+        raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
+    single = device == "cpu" and threads == 1
+    if timer == "thread" and not single:
+        raise ValueError("timer 'thread' needs device cpu and threads 1 (the thread's CPU "
+                         "time misses other threads' and the GPU's work)")
+    if timer == "auto":
+        return "thread" if single else "wall"
+    return timer
+
+
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """What :func:`measure` returns: the measured points (in measuring order), the setup
-    they were measured under, memory figures (bytes) and the wall time spent."""
+    they were measured under, memory figures (bytes) and the wall time spent. ``engine``:
+    which engine ran the steps ("name": torch or vllm), the clock ("timer") and the
+    engine's own facts (vLLM's version, start-up figures, per-phase split)."""
 
     points: tuple[MeasuredPoint, ...]
     grid: GridConfig
@@ -37,6 +62,7 @@ class Measurement:
     memory: dict[str, Any]
     elapsed_s: float
     num_planned: int
+    engine: dict[str, Any] = field(default_factory=lambda: {"name": "torch"})
 
 
 def _device_name(torch: Any, device: Any) -> str:
@@ -55,23 +81,25 @@ def _device_name(torch: Any, device: Any) -> str:
 def measure(spec: ModelSpec, grid: GridConfig, *, num_layers: int | None = None,
             dtype: str = "bf16", device: str = "cpu", threads: int | None = 1,
             budget_s: float = 540.0, seed: int = 0, progress: bool = True,
-            points: Sequence[GridPoint] | None = None) -> Measurement:
+            points: Sequence[GridPoint] | None = None, timer: str = "auto") -> Measurement:
     """Time the grid (or the given ``points``, which must fit the grid's limits) on a
     random-weight decoder (calibration.torch_model).
 
     Runs are interleaved: ``grid.warmup`` untimed rounds over every point, then up to
     ``grid.repeats`` timed rounds; each point keeps its fastest run (MeasuredPoint.seconds;
-    median and max recorded too). A burst
-    of load from another process then spoils one run of many points rather than every run
-    of one. CUDA is synchronised before and after each run. ``threads``: torch CPU threads
+    median and max recorded too). A burst of load from another process then spoils one
+    run of many points rather than every run of one. CUDA is synchronised before and
+    after each run. ``timer``: the step clock (:func:`resolve_timer`; auto = the thread's
+    CPU time on CPU with one thread, else the wall clock). ``threads``: torch CPU threads
     while measuring (restored after; None leaves torch's default). One thread is the
     default because on a shared machine a multi-threaded step slows down up to tenfold
     whenever another process takes a core, a single thread about twofold at worst.
     ``budget_s`` (seconds from the call, model build included): no run starts that its
     point's last run says would overrun; points with at least one timed run are kept.
-    Raises ValueError naming num_layers / dtype / device / threads / budget_s when invalid;
-    ImportError when torch is missing.
+    Raises ValueError naming num_layers / dtype / device / threads / budget_s / timer when
+    invalid; ImportError when torch is missing.
     """
+    clock = time.thread_time if resolve_timer(timer, device, threads) == "thread" else None
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
     if threads is not None and threads < 1:
@@ -92,7 +120,8 @@ def measure(spec: ModelSpec, grid: GridConfig, *, num_layers: int | None = None,
         model = build_decoder(spec, num_layers, dtype, device, seed)
         cache = model.new_cache(grid.max_num_seqs + 1, grid.max_context)
         planned = make_grid(grid) if points is None else list(points)
-        runs = _rounds(torch, model, cache, planned, grid, start + budget_s, seed, progress)
+        runs = _rounds(torch, model, cache, planned, grid, start + budget_s, seed, progress,
+                       clock or time.perf_counter)
         device_name = _device_name(torch, model.device)
     finally:
         torch.set_num_threads(saved_threads)
@@ -107,13 +136,16 @@ def measure(spec: ModelSpec, grid: GridConfig, *, num_layers: int | None = None,
     }
     return Measurement(done, grid, len(model.layers), dtype, device, device_name,
                        str(torch.__version__), memory, time.perf_counter() - start,
-                       len(planned))
+                       len(planned), {"name": "torch", "timer": "thread" if clock else "wall",
+                                      "threads": threads if device == "cpu" else None})
 
 
 def _rounds(torch: Any, model: Any, cache: Any, planned: list[GridPoint], grid: GridConfig,
-            deadline: float, seed: int, progress: bool) -> list[tuple[list[float], int | None]]:
+            deadline: float, seed: int, progress: bool,
+            clock: Callable[[], float]) -> list[tuple[list[float], int | None]]:
     """Interleaved rounds over the planned points until done or the deadline (a
-    perf_counter time); per point: its timed runs (seconds) and CUDA peak bytes."""
+    perf_counter time); per point: its timed runs (seconds by ``clock``) and CUDA peak
+    bytes."""
     gen = torch.Generator(device=model.device).manual_seed(seed)
     cuda = model.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else None
@@ -121,7 +153,7 @@ def _rounds(torch: Any, model: Any, cache: Any, planned: list[GridPoint], grid: 
     last = [0.0] * len(planned)
     peaks: list[int | None] = [None] * len(planned)
     num_rounds = grid.warmup + grid.repeats
-    with _progress(progress) as bar:
+    with progress_bar(progress) as bar:
         task = bar.add_task("warm-up", total=num_rounds * len(planned))
         for r in range(num_rounds):
             label = "warm-up" if r < grid.warmup else f"round {r - grid.warmup + 1}"
@@ -130,7 +162,7 @@ def _rounds(torch: Any, model: Any, cache: Any, planned: list[GridPoint], grid: 
                     return list(zip(times, peaks, strict=True))
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(model.device)
-                last[i] = _time_step(model, cache, p, gen, sync)
+                last[i] = _time_step(model, cache, p, gen, sync, clock)
                 if cuda:
                     peak = int(torch.cuda.max_memory_allocated(model.device))
                     peaks[i] = max(peaks[i] or 0, peak)
@@ -141,8 +173,9 @@ def _rounds(torch: Any, model: Any, cache: Any, planned: list[GridPoint], grid: 
 
 
 def _time_step(model: Any, cache: Any, p: GridPoint, gen: Any,
-               sync: Callable[[], None] | None) -> float:
-    """Seconds of one model.step for point p, contexts reset first (outside the timing)."""
+               sync: Callable[[], None] | None, clock: Callable[[], float]) -> float:
+    """Seconds of one model.step for point p by ``clock``, contexts reset first (outside
+    the timing)."""
     from calibration.torch_model import Chunk
 
     slot = len(cache.lengths) - 1
@@ -152,14 +185,14 @@ def _time_step(model: Any, cache: Any, p: GridPoint, gen: Any,
     chunks = [Chunk(slot, p.chunk_tokens, p.chunk_sample)] if p.chunk_tokens else []
     if sync is not None:
         sync()
-    t0 = time.perf_counter()
+    t0 = clock()
     model.step(cache, range(p.decode_seqs), chunks, gen)
     if sync is not None:
         sync()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
-def _progress(enabled: bool) -> Any:
+def progress_bar(enabled: bool) -> Any:
     """A rich progress bar with elapsed and remaining time (disabled: draws nothing)."""
     from rich.progress import (
         BarColumn,

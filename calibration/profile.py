@@ -10,8 +10,11 @@ Top-level keys: format, version, model (ModelSpec fields), device ("cpu" | "cuda
 device_name, torch_version, dtype, date (ISO 8601, UTC), num_layers_measured,
 num_layers_model, approximation (None, or how a layer subset was scaled), grid (GridConfig
 fields, num_planned, num_measured, elapsed_s), fit (features, coefficients in seconds per
-unit, knot_tokens, status, per-region held-out errors), memory (bytes + note), points (every
-measured point: grid fields, BatchShape fields, seconds).
+unit, knot_tokens, status, per-region held-out errors), memory (bytes + note), engine (which
+engine ran the steps: "name" torch or vllm, the "timer", and the engine's own facts: for
+vLLM its version, start-up KV figures and per-point phase split), points (every measured
+point: grid fields, BatchShape fields, seconds). A file without "engine" was measured on
+the torch engine with the wall clock, the only ones there were then.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +40,8 @@ FORMAT = "servesim-profile"
 VERSION = 1
 _KEYS = ("model", "device", "device_name", "torch_version", "dtype", "date",
          "num_layers_measured", "grid", "fit", "memory", "points")
+TORCH_WALL = {"name": "torch", "timer": "wall"}
+"""The engine record of a profile file that has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +50,8 @@ class Profile:
 
     fit.coefficients are for the ``num_layers_measured`` layers that ran; ``layer_scale``
     (model layers / measured layers) scales the per-layer ones (fit.PER_LAYER) up to the
-    whole model, an approximation labelled by ``approximation``.
+    whole model, an approximation labelled by ``approximation``. ``engine``: which engine
+    ran the steps, its clock and facts (Measurement.engine).
     """
 
     model: dict[str, Any]
@@ -59,6 +65,7 @@ class Profile:
     fit: FitResult
     memory: dict[str, Any]
     points: tuple[MeasuredPoint, ...]
+    engine: dict[str, Any] = field(default_factory=lambda: dict(TORCH_WALL))
 
     @property
     def num_layers_model(self) -> int:
@@ -84,7 +91,7 @@ class Profile:
                 "num_layers_measured": self.num_layers_measured,
                 "num_layers_model": self.num_layers_model,
                 "approximation": self.approximation, "grid": self.grid,
-                "fit": self.fit.to_dict(), "memory": self.memory,
+                "fit": self.fit.to_dict(), "memory": self.memory, "engine": self.engine,
                 "points": [p.to_dict() for p in self.points]}
 
     @classmethod
@@ -97,7 +104,8 @@ class Profile:
         return cls(dict(d["model"]), str(d["device"]), str(d["device_name"]),
                    str(d["torch_version"]), str(d["dtype"]), str(d["date"]), layers,
                    dict(d["grid"]), FitResult.from_dict(d["fit"]), dict(d["memory"]),
-                   tuple(MeasuredPoint.from_dict(p) for p in d["points"]))
+                   tuple(MeasuredPoint.from_dict(p) for p in d["points"]),
+                   dict(d.get("engine") or TORCH_WALL))
 
 
 def profile_from_measurement(spec: ModelSpec, m: Measurement, fit: FitResult) -> Profile:
@@ -106,7 +114,7 @@ def profile_from_measurement(spec: ModelSpec, m: Measurement, fit: FitResult) ->
             "num_measured": len(m.points), "elapsed_s": round(m.elapsed_s, 3)}
     return Profile(dataclasses.asdict(spec), m.device, m.device_name, m.torch_version,
                    m.dtype, datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   m.num_layers, grid, fit, dict(m.memory), m.points)
+                   m.num_layers, grid, fit, dict(m.memory), m.points, dict(m.engine))
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

@@ -162,3 +162,14 @@ def test_decode_groups_give_the_same_logits_as_one_padded_call() -> None:
     assert cache.lengths == [21, 19, 7, 6]
     with pytest.raises(ValueError, match="decode_groups"):
         model.step(cache, decode_slots=range(4), token_ids=ids, decode_groups=[3])
+
+
+def test_measure_timer_thread_records_the_clock() -> None:
+    grid = GridConfig(max_num_seqs=2, max_num_batched_tokens=16, max_context=32, repeats=1)
+    m = measure(tiny_spec(), grid, dtype="fp32", progress=False, timer="thread")
+    assert m.engine == {"name": "torch", "timer": "thread", "threads": 1}
+    assert all(p.seconds > 0 for p in m.points)
+    auto = measure(tiny_spec(), grid, dtype="fp32", progress=False, threads=None)
+    assert auto.engine["timer"] == "wall"  # several threads: their CPU time is not the step's
+    with pytest.raises(ValueError, match="timer 'thread' needs device cpu and threads 1"):
+        measure(tiny_spec(), grid, threads=None, timer="thread")
