@@ -294,3 +294,27 @@ def test_a_point_the_engine_parts_from_is_tried_once_more_then_skipped() -> None
     assert _attempt(_Flaky(2), p, 3) == {
         "kind": "skip", "index": 5, "region": "decode", "repeat": 3,
         "reason": "fill step 0: vLLM scheduled 40 tokens, the plan 64"}
+
+
+def test_shipped_vllm_profile_is_vllms_own_and_monotone() -> None:
+    from importlib import resources
+
+    from calibration.profile import ProfileCostModel
+    from sim.batch import BatchShape
+
+    ref = resources.files("calibration.profiles").joinpath("cpu-vllm-qwen2.5-0.5b-8l.json")
+    with resources.as_file(ref) as path:
+        prof = load_profile(path)
+    e = prof.engine
+    assert (e["name"], e["vllm_version"], e["timer"], e["skipped"]) == (
+        "vllm", "0.32.0", "thread", [])
+    assert e["kv_cache_tokens"] == e["num_gpu_blocks"] * e["block_size"]
+    assert prof.num_layers_measured == prof.num_layers_model == 8
+    assert prof.fit.status == "accepted"
+    assert all(x.mape is not None and x.mape <= 0.10 for x in prof.fit.errors.values())
+    cm = ProfileCostModel(prof)
+    decode = [cm.step_time(BatchShape(0, 0, 0, 0, b, b * 513, b)) for b in (1, 4, 16, 32)]
+    prefill = [cm.step_time(BatchShape(n, 1, 0, n * (n + 1) // 2, 0, 0, 1))
+               for n in (16, 64, 256, 512)]
+    for series in (decode, prefill):
+        assert all(t > 0 for t in series) and series == sorted(series)
