@@ -255,8 +255,9 @@ def test_a_subclass_that_overrides_a_helper_runs_step_by_step(fast_runs: list[in
     fast, calls = eager_run(True)
     assert fast_runs == []
     assert calls == ref_calls
-    # Recorded from the reference: 105 steps, 79 of them with a request waiting.
-    assert (len(ref.steps), len(ref_calls), ref.summary["num_preemptions"]) == (105, 79, 27)
+    # The workload exercises the overridden helper under KV pressure (otherwise the
+    # comparison below would say nothing about the promise).
+    assert ref_calls and ref.summary["num_preemptions"] > 0
     assert fast.requests.equals(ref.requests) and fast.steps.equals(ref.steps)
 
 
