@@ -6,7 +6,9 @@ servesim (only the standard library here, vLLM inside calibration/vllm_engine.py
 beside this file), so servesim itself never imports vLLM.
 
 **Protocol.** One JSON object on stdin (built by calibration/vllm_measure.py: the engine
-settings, ``points``, ``repeats``, ``warmup``, ``budget_s``, ``timer``); on stdout one JSON
+settings, ``points``, ``repeats``, ``warmup``, ``budget_s``, ``timer``; or, with ``"mode":
+"replay"``, a workload that calibration/vllm_replay.py serves, whose lines that module's
+docstring lists); on stdout one JSON
 object a line: ``start`` (the engine's start-up facts), then per point and round a ``step``
 line (its point, round as ``repeat``, ``warmup``, ``shape`` as sim.batch.BatchShape fields,
 ``decode_context``, ``seconds`` by the timer, ``thread_s``, ``wall_s``, per-phase
@@ -265,19 +267,25 @@ def _attempt(run: Run, p: dict[str, Any], r: int) -> dict[str, Any]:
 
 def _engine(request: dict[str, Any]) -> Any:
     """calibration/vllm_engine.py's VllmEngine, or vllm_fake.py's FakeEngine (engine
-    "fake"), loaded from beside this file: its folder is not on sys.path (see the end of
-    this module) and the package is not importable in vLLM's Python."""
-    import importlib.util
-
+    "fake")."""
     name = {"vllm": "vllm_engine", "fake": "vllm_fake"}.get(request["engine"])
     if name is None:
         raise ValueError(f"engine must be vllm or fake, got {request['engine']!r}")
+    module = _sibling(name)
+    return module.VllmEngine(request) if name == "vllm_engine" else module.FakeEngine(request)
+
+
+def _sibling(name: str) -> Any:
+    """The module ``name`` loaded from beside this file: its folder is not on sys.path
+    (see the end of this module) and the package is not importable in vLLM's Python."""
+    import importlib.util
+
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"servesim_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.VllmEngine(request) if name == "vllm_engine" else module.FakeEngine(request)
+    return module
 
 
 def _protocol_stream() -> TextIO:
@@ -306,10 +314,14 @@ def main() -> int:
         engine = _engine(request)
         facts = engine.facts()
         emit({"kind": "start", **facts})
-        run = Run(engine, request, int(facts["block_size"]))
-        rounds = int(request["warmup"]) + int(request["repeats"])
-        stopped = measure(run, request["points"], rounds, began + float(request["budget_s"]),
-                          emit)
+        stopped = False
+        if request.get("mode", "calibrate") == "replay":
+            _sibling("vllm_replay").replay(engine, request, emit, shape_of)
+        else:
+            run = Run(engine, request, int(facts["block_size"]))
+            rounds = int(request["warmup"]) + int(request["repeats"])
+            stopped = measure(run, request["points"], rounds,
+                              began + float(request["budget_s"]), emit)
         emit({"kind": "end", "elapsed_s": time.perf_counter() - began,
               "stopped_by_budget": stopped})
         return 0

@@ -30,6 +30,9 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 PHASES = ("schedule", "execute_model", "sample_tokens", "update_from_output",
           "model_forward", "compute_logits")
 """The last two run inside execute_model."""
+REPLAY_ARGS = ("num_gpu_blocks_override", "enable_prefix_caching", "scheduling_policy",
+               "long_prefill_token_threshold", "scheduler_reserve_full_isl")
+"""EngineArgs a replay request may set (vllm/engine/arg_utils.py, same names)."""
 
 
 def _environment(request: dict[str, Any]) -> None:
@@ -63,12 +66,18 @@ def _engine_args(request: dict[str, Any]) -> dict[str, Any]:
         kwargs["block_size"] = int(request["block_size"])
     if request.get("num_layers"):
         kwargs["hf_overrides"] = {"num_hidden_layers": int(request["num_layers"])}
+    for key in REPLAY_ARGS:  # the scheduler of a replayed run is the simulation's
+        if request.get(key) is not None:
+            kwargs[key] = request[key]
     return kwargs
 
 
 class VllmEngine:
-    """The engine the driver steers: ``add``, ``step(budget)``, ``abort``, ``facts``.
-    Raises ImportError naming this Python when vLLM cannot be imported."""
+    """The engine the driver steers: ``add``, ``step(budget)``, ``abort``, ``facts``,
+    ``unfinished``, ``reset_prefix_cache``. After a step, ``scheduled`` holds its
+    (request id, new tokens) in vLLM's order, ``preempted`` the ids it preempted, and
+    ``produced`` (request id, output tokens so far, finished) per request that got a
+    token. Raises ImportError naming this Python when vLLM cannot be imported."""
 
     def __init__(self, request: dict[str, Any]) -> None:
         _environment(request)
@@ -91,6 +100,10 @@ class VllmEngine:
         self.clock = time.thread_time if request["timer"] == "thread" else time.perf_counter
         self.phases = dict.fromkeys(PHASES, 0.0)
         self.items: list[tuple[int, int, bool, bool]] = []
+        self.scheduled: list[tuple[str, int]] = []
+        self.preempted: list[str] = []
+        self.produced: list[tuple[str, int, bool]] = []
+        self.external: dict[str, str] = {}
         self.hooked = self._hook()
         self.num_added = 0
 
@@ -104,6 +117,9 @@ class VllmEngine:
             out = schedule(*args, **kwargs)
             reqs = sched.requests
             self.items = [_item(reqs[rid], n) for rid, n in out.num_scheduled_tokens.items()]
+            ext = self.external
+            self.scheduled = [(ext.get(r, r), n) for r, n in out.num_scheduled_tokens.items()]
+            self.preempted = sorted(ext.get(r, r) for r in out.preempted_req_ids or ())
             return out
 
         sched.schedule = composed
@@ -159,10 +175,13 @@ class VllmEngine:
             "torch_threads": torch.get_num_threads(), "startup_s": self.startup_s,
             "phases_timed": self.hooked}
 
-    def add(self, prompt_len: int, max_tokens: int, prefix: tuple[str, int]) -> str:
+    def add(self, prompt_len: int, max_tokens: int, prefix: tuple[str, int],
+            priority: int = 0) -> str:
         """A request of ``prompt_len`` token ids that stops after ``max_tokens``: the first
         prefix[1] are the random sequence named prefix[0] (the same ids every time, so
-        vLLM's prefix cache finds them), the rest fresh random ids."""
+        vLLM's prefix cache finds them), the rest fresh random ids. ``priority``: lower
+        is served first under the priority policy. Raises ValueError when vLLM refuses
+        the prompt (at least max_model_len tokens)."""
         rid = f"s{self.num_added}"
         self.num_added += 1
         key, shared = prefix
@@ -172,11 +191,18 @@ class VllmEngine:
         prompt = {"prompt_token_ids": sequence[:shared] + fresh}
         params = self.params(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
                              detokenize=False)
-        self.engine.add_request(rid, prompt, params)
+        internal = self.engine.add_request(rid, prompt, params, priority=priority)
+        self.external[str(internal)] = rid  # vLLM schedules by an id it derives
         return rid
 
     def abort(self, ids: list[str]) -> None:
         self.engine.abort_request(ids)
+
+    def unfinished(self) -> bool:
+        return bool(self.engine.has_unfinished_requests())
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()
 
     def step(self, budget: int) -> tuple[list[tuple[int, int, bool, bool]], float, float,
                                          dict[str, float]]:
@@ -185,9 +211,13 @@ class VllmEngine:
         self.core.scheduler.max_num_scheduled_tokens = budget
         for phase in self.phases:
             self.phases[phase] = 0.0
+        self.scheduled, self.preempted = [], []
         t0, w0 = time.thread_time(), time.perf_counter()
-        self.engine.step()
+        outputs = self.engine.step()
         thread_s, wall_s = time.thread_time() - t0, time.perf_counter() - w0
+        ext = self.external
+        self.produced = [(ext.get(o.request_id, o.request_id), len(o.outputs[0].token_ids),
+                          bool(o.finished)) for o in outputs if o.outputs]
         return self.items, thread_s, wall_s, {p: self.phases[p] for p in self.hooked}
 
 

@@ -6,8 +6,10 @@ Owns :class:`FakeEngine`: vLLM V1's scheduling rule as the driver relies on it (
 requests in admission order, then waiting ones, each given min(its remaining tokens, the
 budget left); a waiting request starts from the whole cached blocks of its prompt, short
 of the last token; a request samples when its computed tokens reach its tokens and stops
-at ``max_tokens``), a prefix cache that never evicts, and step times from known linear
-costs. Standard library only, like the driver.
+at ``max_tokens`` or max_model_len; a prompt of at least max_model_len tokens is
+refused), a prefix cache that never evicts, a pool that never runs out (so no
+preemption), and step times from known linear costs. It serves the driver's calibration
+and replay modes alike. Standard library only, like the driver.
 """
 
 from __future__ import annotations
@@ -37,15 +39,26 @@ class FakeEngine:
         self.cached: dict[str, int] = {}  # prefix key -> tokens in whole cached blocks
         self.running: list[str] = []
         self.waiting: list[str] = []
+        self.max_model_len = int(request["max_model_len"])
+        self.scheduled: list[tuple[str, int]] = []
+        self.produced: list[tuple[str, int, bool]] = []
+        self.preempted: list[str] = []  # the fake's pool never runs out
 
     def facts(self) -> dict[str, Any]:
         return {"engine": "fake", "vllm_version": None, "torch_version": None,
                 "device_name": "fake engine (no model)", "block_size": self.block,
                 "startup_s": 0.0}
 
-    def add(self, prompt_len: int, max_tokens: int, prefix: tuple[str, int]) -> str:
-        """A request whose first prefix[1] tokens are the sequence prefix[0]."""
+    def add(self, prompt_len: int, max_tokens: int, prefix: tuple[str, int],
+            priority: int = 0) -> str:
+        """A request whose first prefix[1] tokens are the sequence prefix[0] (priority is
+        ignored: the fake serves in arrival order). Raises ValueError, as vLLM's input
+        processor does, for a prompt of at least max_model_len tokens."""
+        if prompt_len >= self.max_model_len:
+            raise ValueError(f"The decoder prompt (length {prompt_len}) is longer than the "
+                             f"maximum model length of {self.max_model_len}.")
         rid = f"r{len(self.reqs)}"
+        max_tokens = min(max_tokens, self.max_model_len - prompt_len)  # stops at the limit
         self.reqs[rid] = [prompt_len, 0, 0, max_tokens, prefix[1]]
         self.keys[rid] = prefix[0]
         self.waiting.append(rid)
@@ -56,6 +69,12 @@ class FakeEngine:
             for queue in (self.running, self.waiting):
                 if rid in queue:
                     queue.remove(rid)
+
+    def unfinished(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def reset_prefix_cache(self) -> None:
+        self.cached.clear()
 
     def step(self, budget: int) -> tuple[list[tuple[int, int, bool, bool]], float, float,
                                          dict[str, float]]:
@@ -74,6 +93,7 @@ class FakeEngine:
             self.running.append(rid)
             scheduled.append((rid, min(req[0] - req[1], budget)))
             budget -= scheduled[-1][1]
+        self.scheduled, self.produced = scheduled, []
         items = [self._apply(rid, n) for rid, n in scheduled]
         seconds = self._cost(items)
         return items, seconds, seconds, {"model": seconds}
@@ -90,6 +110,7 @@ class FakeEngine:
             req[2] += 1
             if req[2] >= req[3]:
                 self.running.remove(rid)
+            self.produced.append((rid, req[2], req[2] >= req[3]))
         return n, c, decode, samples
 
     def _cost(self, items: list[tuple[int, int, bool, bool]]) -> float:

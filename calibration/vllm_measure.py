@@ -119,7 +119,7 @@ def read_lines(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
         except json.JSONDecodeError:
             record = None
         if not isinstance(record, dict) or record.get("kind") not in (
-                "start", "step", "skip", "end", "error"):
+                "start", "step", "skip", "reject", "end", "error"):
             raise DriverError(f"line {number} of its output is not a protocol record: "
                               f"{text.strip()[:80]!r} (is --python a Python interpreter?)")
         if record["kind"] == "error":

@@ -56,3 +56,34 @@ def test_real_engine_measures_every_point_and_reports_its_facts(vllm_python: str
     for row in e["phases"]:  # the phases happen inside the step
         inside = row["schedule"] + row["execute_model"] + row["update_from_output"]
         assert 0 < inside <= row["seconds"] and row["model_forward"] < row["execute_model"]
+
+
+def test_real_engine_replays_a_workload_as_servesim_decides(vllm_python: str,
+                                                           tmp_path: Path) -> None:
+    # validate --engine vllm on the tiny model: a profile measured on the engine, then 16
+    # Poisson requests served by vLLM's own scheduler. On vLLM's own step times servesim
+    # must schedule every step alike (the conformance suite's rules, checked live), and
+    # both refuse the same prompts (max_model_len 128: vLLM refuses a prompt >= 128).
+    from calibration.fit import fit_points
+    from calibration.profile import profile_from_measurement, save_profile
+    from sim.app.runs.validate import validation_config
+    from sim.app.runs.validate_vllm import prepare_vllm_validation, run_vllm_validation
+    from sim.app.runs.vllm_comparison import vllm_validation_dict
+
+    config = tmp_path / "qwen2-tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(CONFIG))
+    spec = ModelSpec.from_hf_config(config)
+    grid = GridConfig(max_num_seqs=8, max_num_batched_tokens=128, max_context=512, repeats=1)
+    m = measure_vllm(spec, grid, VllmSettings(python=vllm_python, config=config),
+                     dtype="fp32", progress=False, budget_s=600)
+    save_profile(profile_from_measurement(spec, m, fit_points(m.points)), tmp_path / "p.json")
+    cfg = validation_config(str(tmp_path / "p.json"), scenario="cpu-chat", rate=4.0,
+                            num_requests=16, max_model_len=128)
+    prep, setup = prepare_vllm_validation(cfg, vllm_python)
+    d = vllm_validation_dict(prep, run_vllm_validation(prep, setup))
+    assert d["real"]["engine"] == "vllm" and d["real"]["vllm_version"]
+    a = d["agreement"]
+    assert a["first_different_step"] is None and a["requests_scheduled_alike"] == 16
+    assert len(d["rejected"]) == d["simulation_rejected"] > 0
+    assert d["measured"]["num_finished"] == 16 - len(d["rejected"])

@@ -2,7 +2,8 @@
 
 Every command turns bad input into one clear line on stderr and exit code 1, never a
 traceback. Commands are plain functions in their own modules (``run``, ``capacity``,
-``tools``, and calibration's), registered here, once, in the order ``--help`` lists them.
+``tools``, ``validate``, and calibration's), registered here, once, in the order
+``--help`` lists them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from calibration.cli import register as register_calibrate
 from sim.app.cli.capacity import plan, sweep
 from sim.app.cli.common import err_console
 from sim.app.cli.run import list_known, report, run
-from sim.app.cli.tools import diagram, validate
+from sim.app.cli.tools import diagram
+from sim.app.cli.validate import validate
 
 app = typer.Typer(
     name="servesim", help="LLM-serving scheduling simulator (vLLM-faithful policies).",

@@ -4,7 +4,8 @@ and the run's outputs (``write_validation``: that page, validation.json and the 
 directories, whole or not at all). A run against a vllm bench result (``--against``) has its
 own page (``against_page``: the error table without and with the frontend term, no step
 figures) and outputs (``write_against``: no measured/ run directory, the real server ran
-no servesim engine).
+no servesim engine); a run against the vLLM engine (``--engine vllm``) has this page with
+vLLM's steps and requests, and ``write_vllm_validation``'s outputs (predicted/ only).
 
 Owns the tables (error table, step error, setup) and four figures: predicted against
 measured step times (same step, same shape), the per-step error over time, per-request TTFT
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,8 @@ from sim.app.runs.runner import Prepared, stage_run
 if TYPE_CHECKING:
     from sim.app.runs.against import Against
     from sim.app.runs.validate import Validation
+    from sim.app.runs.validate_vllm import AlsoPriced, VllmValidation
+    from sim.simulate import SimResult
 
 PRED, MEAS = COLOURS[0], COLOURS[1]
 
@@ -73,14 +77,20 @@ def setup_html(data: dict[str, Any]) -> str:
             ["max_num_seqs / max_num_batched_tokens",
              f"{cfg['max_num_seqs']} / {cfg['max_num_batched_tokens']}"],
             ["prediction", str(cfg["resolved"]["cost_model"])],
-            ["real run", f"{r['model']} ({r['dtype']}) on {r['device']}, "
-                         f"{r['threads'] or 'default'} torch threads, {r['timer']} clock, "
-                         f"each step the fastest of {r['repeats']} run(s)"],
+            ["real run", _real_run(r)],
             ["same schedule in both runs", sched],
             ["same admission order", "yes" if data["same_admission_order"] else "no"],
             ["wall time (prediction / real run)",
              f"{data['wall_s']['predicted']:.1f} s / {data['wall_s']['measured']:.1f} s"]]
     return table(["setting", "value"], rows, table_id="setup")
+
+
+def _real_run(r: dict[str, Any]) -> str:
+    where = f"{r['model']} ({r['dtype']}) on {r['device']}, {r['threads'] or 'default'} threads"
+    if r.get("engine") in ("vllm", "fake"):
+        return (f"{r['engine']} engine {r.get('vllm_version') or ''} serving the workload with "
+                f"its own scheduler: {where}, {r['timer']} clock")
+    return f"{where}, {r['timer']} clock, each step the fastest of {r['repeats']} run(s)"
 
 
 def _arr(values: list[float | None]) -> np.ndarray:
@@ -275,6 +285,20 @@ def write_validation(out_dir: Path, prep: Prepared, v: Validation) -> dict[str, 
     return data
 
 
+def write_vllm_validation(out_dir: Path, prep: Prepared, v: VllmValidation,
+                          also: AlsoPriced | None = None) -> dict[str, Any]:
+    """Write validation.json, validation.html and predicted/ of a run against the vLLM
+    engine into ``out_dir``, as write_against does (vLLM's own run has no servesim run
+    directory: its steps and requests are in validation.json). Returns the JSON dict.
+    Raises ValueError as check_validation_out."""
+    out_dir = check_files(out_dir, VALIDATION_FILES)
+    check_validation_out(out_dir)
+    from sim.app.runs.vllm_comparison import vllm_validation_dict
+
+    data = vllm_validation_dict(prep, v, also)
+    return _write_predicted_only(out_dir, prep, v.predicted, data, validation_page)
+
+
 VALIDATION_FILES = ("validation.json", "validation.html")
 
 
@@ -299,10 +323,18 @@ def write_against(out_dir: Path, prep: Prepared, a: Against) -> dict[str, Any]:
     from sim.app.runs.against import against_dict
 
     data = against_dict(prep, a)
-    staged = [(stage_run(out_dir / "predicted", prep, a.predicted, full_steps=True),
+    return _write_predicted_only(out_dir, prep, a.predicted, data, against_page)
+
+
+def _write_predicted_only(out_dir: Path, prep: Prepared, predicted: SimResult,
+                          data: dict[str, Any],
+                          render: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """predicted/ staged and swapped in, a measured/ left by a torch-engine validate
+    removed (it would describe another run), then validation.json and the page."""
+    staged = [(stage_run(out_dir / "predicted", prep, predicted, full_steps=True),
                out_dir / "predicted")]
     try:
-        page_html = against_page(data)
+        page_html = render(data)
     except BaseException:
         discard(staged)
         raise

@@ -177,10 +177,17 @@ def measured_arrival(result: BenchResult) -> np.ndarray:
 def predicted_summary(a: Against, frontend: Frontend) -> dict[str, Any]:
     """The simulation's client-side figures with ``frontend`` added (Frontend(): the
     engine's own, equal to its summary.json)."""
-    t = a.predicted.request_table
+    return simulated_summary(a.predicted, frontend)
+
+
+def simulated_summary(result: SimResult, frontend: Frontend | None = None) -> dict[str, Any]:
+    """A simulation's client-side figures (client_summary) with ``frontend`` added
+    (None: the engine's own, equal to its summary.json)."""
+    frontend = frontend or Frontend()
+    t = result.request_table
     ttft, tpot, e2e = frontend.client_view(t["ttft_s"], t["tpot_s"], t["e2e_latency_s"],
                                            t["num_output_tokens"])
-    itl = a.predicted.itl
+    itl = result.itl
     finish = t["finish_time"] + frontend.finish_delay(t["num_output_tokens"])
     return client_summary(t["arrival_time"], finish,
                           t["status"] == RequestStatus.FINISHED.value, ttft, tpot, e2e,

@@ -17,7 +17,7 @@ import numpy as np
 
 from calibration.memory import KVCachePlan, check_max_model_len, plan_for
 from calibration.roofline import RooflineCostModel
-from calibration.specs import DTYPE_BYTES, GIB, get_gpu, get_model
+from calibration.specs import DTYPE_BYTES, GIB, ModelSpec, get_gpu, get_model
 from policies.registry import get_policy_class
 from policies.routers import ROUTERS, check_prefix_cache, make_router
 from scenarios.build import build_workload
@@ -214,8 +214,9 @@ def _engine(cfg: RunConfig) -> tuple[RunConfig, SchedulerConfig, int, KVCachePla
     """prepare's engine side: the config (with a profile's model), scheduler config,
     number of GPU blocks, KV plan and cost model with its label."""
     if cfg.profile is not None:
-        cfg = _with_profile_model(cfg)
-    model = get_model(cfg.model)
+        cfg, model = _with_profile_model(cfg)
+    else:
+        model = get_model(cfg.model)
     gpu = get_gpu(cfg.gpu)
     get_policy_class(cfg.policy)
     max_model_len = (model.max_position_embeddings if cfg.max_model_len is None
@@ -248,13 +249,15 @@ def _engine(cfg: RunConfig) -> tuple[RunConfig, SchedulerConfig, int, KVCachePla
     return cfg, sched, num_blocks, plan, cost, label
 
 
-def _with_profile_model(cfg: RunConfig) -> RunConfig:
+def _with_profile_model(cfg: RunConfig) -> tuple[RunConfig, ModelSpec]:
     """A profile prices steps of the model it measured, so that model also sizes the KV
-    cache: ``model`` becomes the profile's preset name (an unknown one stays an error)."""
+    cache: ``model`` becomes the profile's model name, and its spec is the one the
+    profile records (a preset's, or a config.json's that no preset names)."""
     from calibration.profile import load_profile
 
-    name = str(load_profile(cfg.profile).model.get("name", cfg.model))  # type: ignore[arg-type]
-    return dataclasses.replace(cfg, model=name) if name != cfg.model else cfg
+    assert cfg.profile is not None
+    spec = ModelSpec(**load_profile(cfg.profile).model)
+    return (dataclasses.replace(cfg, model=spec.name) if spec.name != cfg.model else cfg), spec
 
 
 def _cost_model(cfg: RunConfig, model: Any, gpu: Any) -> tuple[CostModel, str]:

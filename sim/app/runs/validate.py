@@ -122,16 +122,21 @@ def validation_config(profile: str | None = None, **fields: Any) -> RunConfig:
     """A RunConfig priced by ``profile`` (default: the shipped CPU profile) whose unset
     (None) max_num_seqs, max_num_batched_tokens and max_model_len are the profile's grid
     limits (max_num_seqs, max_num_batched_tokens, max_context): every step then stays
-    inside what the profile measured. Raises ValueError for a bad profile or field."""
+    inside what the profile measured; and, for a profile of the vLLM engine, whose unset
+    block_size and num_gpu_blocks are the engine's at start-up. Raises ValueError for a
+    bad profile or field."""
     from calibration.profile import load_profile
 
     path = profile or shipped_profile()
-    grid = load_profile(path).grid
+    prof = load_profile(path)
     for name, key in (("max_num_seqs", "max_num_seqs"),
                       ("max_num_batched_tokens", "max_num_batched_tokens"),
                       ("max_model_len", "max_context")):
-        if fields.get(name) is None and key in grid:
-            fields[name] = int(grid[key])
+        if fields.get(name) is None and key in prof.grid:
+            fields[name] = int(prof.grid[key])
+    for name in ("block_size", "num_gpu_blocks"):  # a vLLM profile's KV pool at start-up
+        if fields.get(name) is None and prof.engine.get(name):
+            fields[name] = int(prof.engine[name])
     return RunConfig(profile=path, **{k: v for k, v in fields.items() if v is not None})
 
 
