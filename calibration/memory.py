@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from calibration.specs import DTYPE_BYTES, GIB, GPUSpec, ModelSpec
+from calibration.gpus import GPUSpec
+from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 
 DEFAULT_NON_TORCH_BYTES: int = round(0.35 * GIB)
 """Memory the GPU process holds outside PyTorch's allocator (CUDA context, cuBLAS/NCCL

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from calibration.specs import DTYPE_BYTES, GPUSpec, ModelSpec
+from calibration.gpus import GPUSpec
+from calibration.specs import DTYPE_BYTES, ModelSpec
 from sim.batch import BatchShape
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.7

@@ -1,6 +1,6 @@
-"""Model and GPU specifications: the ModelSpec / GPUSpec records, their derived sizes
-(parameter counts, weight and KV-cache bytes, peak FLOP/s) and the named presets carried in
-calibration/data/*.json with their sources.
+"""Model specifications: the ModelSpec record, its derived sizes (parameter counts, weight
+and KV-cache bytes, FLOPs), the dtype names, and the model presets carried in
+calibration/data/models.json with their sources (GPUs: calibration/gpus.py).
 
 Sizes are in bytes, rates in FLOP/s and bytes/s, times in seconds.
 """
@@ -33,7 +33,8 @@ _REQUIRED_HF_KEYS = (
 )
 
 
-def _require_positive(owner: str, **values: int | float) -> None:
+def require_positive(owner: str, **values: int | float) -> None:
+    """Raise ValueError naming ``owner.field`` for the first value that is not > 0."""
     for field_name, value in values.items():
         if not value > 0:
             raise ValueError(f"{owner}.{field_name} must be > 0, got {value}")
@@ -71,7 +72,7 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        _require_positive(
+        require_positive(
             "ModelSpec",
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,
@@ -155,7 +156,7 @@ class ModelSpec:
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         """Bytes of all weights (num_params() * dtype_bytes)."""
-        _require_positive("ModelSpec.weight_bytes", dtype_bytes=dtype_bytes)
+        require_positive("ModelSpec.weight_bytes", dtype_bytes=dtype_bytes)
         return self.num_params() * dtype_bytes
 
     # ---- KV cache and tensor parallelism -----------------------------------------------
@@ -187,7 +188,7 @@ class ModelSpec:
         """KV-cache bytes per token (on each GPU under tensor parallelism):
         2 (K and V) * num_layers * kv heads * head_dim * dtype_bytes.
         Qwen2.5-1.5B in bf16: 2 * 28 * 2 * 128 * 2 = 28,672."""
-        _require_positive("ModelSpec.kv_bytes_per_token", dtype_bytes=dtype_bytes)
+        require_positive("ModelSpec.kv_bytes_per_token", dtype_bytes=dtype_bytes)
         heads = self.kv_heads_per_gpu(tensor_parallel_size)
         return 2 * self.num_layers * heads * self.head_dim * dtype_bytes
 
@@ -243,62 +244,9 @@ class ModelSpec:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class GPUSpec:
-    """One GPU's spec-sheet numbers.
-
-    memory_bytes: capacity (the vendor label in GiB; the driver reports a little less, e.g.
-      79.22 GiB on an H100 80GB). memory_bandwidth_bytes_per_s: vendor peak DRAM bandwidth.
-    bf16_flops / fp16_flops: dense tensor-core peak with FP32 accumulate (no 2:4 sparsity);
-    fp32_flops: non-tensor FP32. interconnect_bandwidth_bytes_per_s: per-GPU all-reduce (bus)
-    bandwidth, i.e. one direction of the GPU's links (half the vendor's bidirectional NVLink or
-    PCIe total); interconnect_latency_s: fixed cost per all-reduce; both None unless sourced
-    (the presets carry them, with sources, in calibration/data/gpus.json).
-    Raises ValueError naming the field for non-positive numbers.
-    """
-
-    name: str
-    memory_bytes: int
-    memory_bandwidth_bytes_per_s: float
-    bf16_flops: float
-    fp16_flops: float
-    fp32_flops: float
-    interconnect_bandwidth_bytes_per_s: float | None = None
-    interconnect_latency_s: float | None = None
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        _require_positive(
-            "GPUSpec",
-            memory_bytes=self.memory_bytes,
-            memory_bandwidth_bytes_per_s=self.memory_bandwidth_bytes_per_s,
-            bf16_flops=self.bf16_flops,
-            fp16_flops=self.fp16_flops,
-            fp32_flops=self.fp32_flops,
-        )
-        if self.interconnect_bandwidth_bytes_per_s is not None:
-            _require_positive(
-                "GPUSpec",
-                interconnect_bandwidth_bytes_per_s=self.interconnect_bandwidth_bytes_per_s,
-            )
-        if self.interconnect_latency_s is not None and self.interconnect_latency_s < 0:
-            raise ValueError(
-                f"GPUSpec.interconnect_latency_s must be >= 0, got {self.interconnect_latency_s}"
-            )
-
-    def peak_flops(self, dtype: str) -> float:
-        """Dense peak FLOP/s for "bf16", "fp16" or "fp32"; ValueError naming dtype otherwise."""
-        if dtype == "bf16":
-            return self.bf16_flops
-        if dtype == "fp16":
-            return self.fp16_flops
-        if dtype == "fp32":
-            return self.fp32_flops
-        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
-
-
 # ---- presets ---------------------------------------------------------------------------
-def _load(filename: str) -> dict[str, Any]:
+def load_data(filename: str) -> dict[str, Any]:
+    """calibration/data/``filename``, parsed (a preset table)."""
     # Read on every lookup (small files, rare calls): no module-level cache to go stale.
     text = (
         resources.files("calibration")
@@ -314,49 +262,14 @@ def _model_presets() -> Mapping[str, ModelSpec]:
     fields = set(ModelSpec.__dataclass_fields__)
     specs = {
         entry["name"]: ModelSpec(**{k: v for k, v in entry.items() if k in fields})
-        for entry in _load("models.json")["models"]
+        for entry in load_data("models.json")["models"]
     }
     return MappingProxyType(specs)
-
-
-def _scaled(entry: Mapping[str, Any], key: str, unit: float) -> float | None:
-    """entry[key] in base units (unit = 1e9 for GB/s, 1e-6 for us), or None when the
-    preset carries no such figure. Small units divide, so 10 us is exactly 1e-05 s."""
-    value = entry.get(key)
-    if value is None:
-        return None
-    return float(value) * unit if unit >= 1 else float(value) / round(1 / unit)
-
-
-def _gpu_presets() -> tuple[Mapping[str, GPUSpec], Mapping[str, str]]:
-    """(specs by name, alias -> name)."""
-    specs: dict[str, GPUSpec] = {}
-    aliases: dict[str, str] = {}
-    for entry in _load("gpus.json")["gpus"]:
-        name = entry["name"]
-        specs[name] = GPUSpec(
-            name=name,
-            memory_bytes=round(entry["memory_gib"] * GIB),
-            memory_bandwidth_bytes_per_s=entry["memory_bandwidth_gb_s"] * 1e9,
-            bf16_flops=entry["bf16_tensor_dense_tflops"] * 1e12,
-            fp16_flops=entry["fp16_tensor_dense_tflops"] * 1e12,
-            fp32_flops=entry["fp32_tflops"] * 1e12,
-            interconnect_bandwidth_bytes_per_s=_scaled(entry, "interconnect_bandwidth_gb_s", 1e9),
-            interconnect_latency_s=_scaled(entry, "interconnect_latency_us", 1e-6),  # us -> s
-            source=entry["source"],
-        )
-        aliases.update({alias: name for alias in entry["aliases"]})
-    return MappingProxyType(specs), MappingProxyType(aliases)
 
 
 def list_models() -> list[str]:
     """Preset model names, in the order of calibration/data/models.json."""
     return list(_model_presets())
-
-
-def list_gpus() -> list[str]:
-    """Preset GPU names (aliases excluded), in the order of calibration/data/gpus.json."""
-    return list(_gpu_presets()[0])
 
 
 def get_model(name: str) -> ModelSpec:
@@ -365,15 +278,4 @@ def get_model(name: str) -> ModelSpec:
     spec = presets.get(name.lower())
     if spec is None:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(presets)}")
-    return spec
-
-
-def get_gpu(name: str) -> GPUSpec:
-    """The preset called ``name`` or one of its aliases (case-insensitive, e.g.
-    "a100-80gb-sxm"); ValueError listing the known ones."""
-    specs, aliases = _gpu_presets()
-    key = name.lower()
-    spec = specs.get(aliases.get(key, key))
-    if spec is None:
-        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(specs)}")
     return spec

@@ -302,8 +302,9 @@ _RELEASE_WORKLOAD = [
 
 
 def test_same_step_finishes_release_in_running_order() -> None:
+    from calibration.gpus import get_gpu
     from calibration.roofline import RooflineCostModel
-    from calibration.specs import get_gpu, get_model
+    from calibration.specs import get_model
 
     cfg = SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=40, max_model_len=100,
                           long_prefill_token_threshold=16, scheduler_reserve_full_isl=False,
@@ -348,8 +349,9 @@ def test_priority_victims_in_the_decode_group_match_step_by_step(
 def test_the_seams_the_fast_path_uses_are_found() -> None:
     """The roofline prices a run in one call, static counts the steps a run advanced,
     and the built-in policies make their promises in the class that schedules."""
+    from calibration.gpus import get_gpu
     from calibration.roofline import RooflineCostModel
-    from calibration.specs import get_gpu, get_model
+    from calibration.specs import get_model
     from policies.static import StaticPolicy
     from sim.cost_model import ConstantCostModel
     from sim.interface import BulkDecodePricer, SteadyDecoder, StepCounter, declares

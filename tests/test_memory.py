@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from calibration.gpus import GPUSpec, get_gpu
 from calibration.memory import (
     DEFAULT_NON_TORCH_BYTES,
     KVCachePlan,
@@ -15,7 +16,7 @@ from calibration.memory import (
     plan_for,
     plan_kv_cache,
 )
-from calibration.specs import GIB, GPUSpec, get_gpu, get_model
+from calibration.specs import GIB, get_model
 
 
 def gib(x: float) -> int:

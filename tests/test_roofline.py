@@ -6,13 +6,14 @@ from dataclasses import replace
 
 import pytest
 
+from calibration.gpus import get_gpu
 from calibration.roofline import (
     DEFAULT_COMPUTE_EFFICIENCY,
     DEFAULT_MEMORY_EFFICIENCY,
     DEFAULT_STEP_OVERHEAD_S,
     RooflineCostModel,
 )
-from calibration.specs import get_gpu, get_model
+from calibration.specs import get_model
 from sim.batch import BatchShape
 from sim.cost_model import CostModel
 
@@ -182,8 +183,9 @@ def test_tensor_parallel_with_interconnect_numbers() -> None:
 
 
 def test_decode_run_times_equal_step_time_bit_for_bit() -> None:
+    from calibration.gpus import get_gpu
     from calibration.roofline import RooflineCostModel
-    from calibration.specs import get_gpu, get_model
+    from calibration.specs import get_model
     from sim.batch import BatchShape
 
     for model, gpu in (("llama-3.1-8b", "h100-sxm"), ("qwen2.5-0.5b", "l4"),

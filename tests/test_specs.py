@@ -8,16 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from calibration.specs import (
-    DTYPE_BYTES,
-    GIB,
-    GPUSpec,
-    ModelSpec,
-    get_gpu,
-    get_model,
-    list_gpus,
-    list_models,
-)
+from calibration.gpus import GPUSpec, get_gpu, list_gpus
+from calibration.specs import DTYPE_BYTES, GIB, ModelSpec, get_model, list_models
 
 MODELS = [
     "qwen2.5-0.5b",

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from calibration.gpus import get_gpu, list_gpus
 from calibration.memory import plan_for
 from calibration.roofline import RooflineCostModel
-from calibration.specs import get_gpu, get_model, list_gpus
+from calibration.specs import get_model
 from sim.app.cli.main import app
 from sim.app.runs.runner import RunConfig, prepare
 from sim.batch import BatchShape

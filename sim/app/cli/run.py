@@ -167,7 +167,8 @@ def report(
 
 def list_known() -> None:
     """Print the known models, GPUs, policies and scenarios."""
-    from calibration.specs import get_gpu, get_model, list_gpus, list_models
+    from calibration.gpus import get_gpu, list_gpus
+    from calibration.specs import get_model, list_models
     from policies.registry import POLICIES
     from scenarios.presets import list_scenarios
 

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from calibration.gpus import get_gpu
 from calibration.memory import KVCachePlan, check_max_model_len, plan_for
 from calibration.roofline import RooflineCostModel
-from calibration.specs import DTYPE_BYTES, GIB, ModelSpec, get_gpu, get_model
+from calibration.specs import DTYPE_BYTES, GIB, ModelSpec, get_model
 from policies.registry import get_policy_class
 from policies.routers import ROUTERS, check_prefix_cache, make_router
 from scenarios.build import build_workload
