@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from calibration.measure import device_name
 from calibration.torch_model import Chunk, build_decoder
 from sim.batch import BatchPlan, BatchShape
 
@@ -126,6 +127,7 @@ class TorchExecutor:
         if threads is not None and cpu:
             torch.set_num_threads(threads)
         self.model = build_decoder(spec, None, dtype, device, seed)
+        self.device_name = device_name(torch, self.model.device)
         self.cache = self.model.new_cache(max_num_seqs + 1, capacity)
         self._owner: list[Request | None] = [None] * (max_num_seqs + 1)
         self._slot: dict[Request, int] = {}

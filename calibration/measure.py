@@ -65,17 +65,69 @@ class Measurement:
     engine: dict[str, Any] = field(default_factory=lambda: {"name": "torch"})
 
 
-def _device_name(torch: Any, device: Any) -> str:
+BF16_ISA = ("avx512f", "avx512_bf16", "amx_bf16")
+"""/proc/cpuinfo flags that decide how fast torch runs bf16 GEMMs on a CPU: without
+AVX-512 torch 2.13 has no oneDNN bf16 path and falls back to a slow generic kernel (one
+core of an AVX2 EPYC, family 25 model 1: 8-9 GFLOP/s in bf16 against 36 in fp32, where
+the shipped profile's 3.6 ms per token and layer stack implies about 200, only reachable
+with bf16 dot-product instructions)."""
+
+
+def cpu_kind(capability: str, cpuinfo: str) -> str:
+    """The CPU kind a timing belongs to, from torch's kernel level (``capability``, e.g.
+    "AVX2") and the text of /proc/cpuinfo: "family F model M, AVX2" plus any of
+    :data:`BF16_ISA` present. A hypervisor often reports the same model name for CPU
+    generations of very different speed (both Zen 3 and Zen 4 VMs read "AMD EPYC"), so the
+    family, model and instruction sets are what tells two machines apart."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    isa = " ".join([capability, *(f for f in BF16_ISA if f in flags)])
+    if "cpu family" in fields and "model" in fields:
+        return f"family {fields['cpu family']} model {fields['model']}, {isa}"
+    return isa
+
+
+def device_name(torch: Any, device: Any) -> str:
+    """The device as a profile names it: the GPU's name, or on CPU "MODEL NAME (N cores,
+    T torch threads; CPU KIND)" (:func:`cpu_kind`)."""
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device))
-    name = platform.processor() or platform.machine()
+    name, text = platform.processor() or platform.machine(), ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                        name)
+            text = f.read()
     except OSError:
         pass
-    return f"{name} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                 if ln.startswith("model name")), name)
+    kind = cpu_kind(str(torch.backends.cpu.get_cpu_capability()), text)
+    return f"{name} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads; {kind})"
+
+
+def device_mismatch(profile_device_name: str, here: str) -> str | None:
+    """One line saying why a profile measured on ``profile_device_name`` cannot price
+    steps run on ``here`` (both as calibration.measure.device_name writes them), or None
+    when they are the same kind. CPUs compare by kind (family, model, torch's kernel level,
+    bf16 instruction sets), the part after ";": on a 2-core AVX2 EPYC the shipped profile
+    priced bf16 steps 1.5-14x too fast (step bias -84%), though both CPUs read "AMD EPYC".
+    A CPU profile that records no kind is reported as unknown."""
+    if profile_device_name == here:
+        return None
+    _, sep, kind = profile_device_name.partition(";")
+    _, here_sep, here_kind = here.partition(";")
+    if not here_sep:  # a GPU: its name is its kind
+        return f"the profile was measured on {profile_device_name}, this device is {here}"
+    if not sep:
+        return (f"the profile does not record its CPU kind ({profile_device_name}); this "
+                f"CPU is {here_kind.strip(' )')}: if that differs, calibrate here")
+    if kind != here_kind:
+        return (f"the profile was measured on another CPU kind ({kind.strip(' )')}) than "
+                f"this one ({here_kind.strip(' )')}): calibrate here")
+    return None
 
 
 def measure(spec: ModelSpec, grid: GridConfig, *, num_layers: int | None = None,
@@ -122,7 +174,7 @@ def measure(spec: ModelSpec, grid: GridConfig, *, num_layers: int | None = None,
         planned = make_grid(grid) if points is None else list(points)
         runs = _rounds(torch, model, cache, planned, grid, start + budget_s, seed, progress,
                        clock or time.perf_counter)
-        device_name = _device_name(torch, model.device)
+        name = device_name(torch, model.device)
     finally:
         torch.set_num_threads(saved_threads)
     cuda = model.device.type == "cuda"
@@ -134,7 +186,7 @@ def measure(spec: ModelSpec, grid: GridConfig, *, num_layers: int | None = None,
         "note": ("peak_bytes: torch.cuda.max_memory_allocated over the grid" if cuda else
                  "CPU: weights and KV cache allocated; activation memory not measured"),
     }
-    return Measurement(done, grid, len(model.layers), dtype, device, device_name,
+    return Measurement(done, grid, len(model.layers), dtype, device, name,
                        str(torch.__version__), memory, time.perf_counter() - start,
                        len(planned), {"name": "torch", "timer": "thread" if clock else "wall",
                                       "threads": threads if device == "cpu" else None})

@@ -173,6 +173,7 @@ class VllmEngine:
             "max_num_batched_tokens": int(cfg.scheduler_config.max_num_batched_tokens),
             "num_layers": int(model.hf_config.num_hidden_layers),
             "torch_threads": torch.get_num_threads(), "startup_s": self.startup_s,
+            "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
             "phases_timed": self.hooked}
 
     def add(self, prompt_len: int, max_tokens: int, prefix: tuple[str, int],

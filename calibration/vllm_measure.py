@@ -285,9 +285,26 @@ def measure_vllm(spec: ModelSpec, grid: GridConfig, settings: VllmSettings, *,
               "note": "vLLM engine: weights (dummy) from the spec; kv_cache_bytes given to "
                       "vLLM (kv_cache_memory_bytes), its blocks in engine.num_gpu_blocks"}
     return Measurement(points_from_steps(steps, planned), grid, layers, dtype,
-                       device.split(":")[0], str(facts.get("device_name")),
+                       device.split(":")[0], with_cpu_kind(str(facts.get("device_name")),
+                                                           facts.get("cpu_capability")),
                        str(facts.get("torch_version")), memory,
                        time.perf_counter() - began, len(planned), engine)
+
+
+def with_cpu_kind(name: str, capability: str | None) -> str:
+    """The child's CPU name "MODEL (N cores, T torch threads)" with this machine's CPU kind
+    (calibration.measure.cpu_kind, from the child's torch kernel level and /proc/cpuinfo)
+    added as the torch engine writes it; a GPU name or a name without the child's
+    capability is returned as it is."""
+    from calibration.measure import cpu_kind
+
+    if capability is None or not name.endswith(")"):
+        return name
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    return f"{name[:-1]}; {cpu_kind(capability, text)})"
 
 
 def _advance(bar: Any, task: Any, grid: GridConfig) -> Callable[[dict[str, Any]], None]:

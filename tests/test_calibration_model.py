@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from calibration.grid import REGIONS, GridConfig
-from calibration.measure import measure
+from calibration.measure import cpu_kind, measure
 from calibration.profile import load_profile
 from calibration.specs import ModelSpec
 from tests.test_calibration_profile import make_app
@@ -99,6 +99,21 @@ def test_measure_tiny_grid_covers_every_region() -> None:
     assert all(p.seconds > 0 and p.repeats == 2 for p in m.points)
     assert m.memory["weight_bytes"] > 0 and m.memory["peak_bytes"] is None
     assert m.num_layers == 2 and "torch threads" in m.device_name
+    kind = m.device_name.split("; ")[1]
+    assert torch.backends.cpu.get_cpu_capability() in kind
+
+
+ZEN3 = ("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu avx2\n")
+ZEN4 = ("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu avx2 avx512f avx512bw avx512_bf16\n\nprocessor\t: 1\ncpu family\t: 99\n")
+
+
+def test_cpu_kind_tells_apart_cpus_named_alike() -> None:
+    assert cpu_kind("AVX2", ZEN3) == "family 25 model 1, AVX2"
+    # the first processor's fields; of the flags, only those that decide the bf16 path
+    assert cpu_kind("AVX512", ZEN4) == "family 25 model 17, AVX512 avx512f avx512_bf16"
+    assert cpu_kind("DEFAULT", "") == "DEFAULT"
 
 
 def test_measure_budget_keeps_what_was_measured() -> None:

@@ -157,6 +157,31 @@ def test_executor_runs_static_cost_shape_and_refuses_other_shapes() -> None:
     ex.close()
 
 
+
+def test_device_mismatch_compares_cpu_kinds() -> None:
+    pytest.importorskip("torch")
+    from calibration.executor import TorchExecutor
+    from calibration.measure import device_mismatch
+
+    ex = TorchExecutor(TINY, capacity=8, max_num_seqs=1, dtype="fp32", warmup=False)
+    ex.close()
+    assert "torch threads; " in ex.device_name
+    assert device_mismatch(ex.device_name, ex.device_name) is None
+    zen3 = "AMD EPYC (2 cores, 1 torch threads; family 25 model 1, AVX2)"
+    zen4 = "AMD EPYC (2 cores, 1 torch threads; family 25 model 17, AVX512 avx512_bf16)"
+    assert device_mismatch(zen4, zen3) == (
+        "the profile was measured on another CPU kind (family 25 model 17, AVX512 "
+        "avx512_bf16) than this one (family 25 model 1, AVX2): calibrate here")
+    # cores do not make another kind: the profile's thread count is what runs
+    assert device_mismatch("AMD EPYC (16 cores, 1 torch threads; family 25 model 1, AVX2)",
+                           zen3) is None
+    old = device_mismatch("AMD EPYC (2 cores, 1 torch threads)", zen3)
+    assert old is not None and old.startswith("the profile does not record its CPU kind")
+    assert old.endswith("this CPU is family 25 model 1, AVX2: if that differs, calibrate here")
+    assert device_mismatch("NVIDIA H100", "NVIDIA H200") == (
+        "the profile was measured on NVIDIA H100, this device is NVIDIA H200")
+
+
 # -- the comparison, no torch -------------------------------------------------------------
 
 
