@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from calibration.fit import FEATURES, FitRejected, FitResult, fit_points
+from calibration.hf_config import spec_from_hf_config
 from calibration.profile import Profile, load_profile, profile_from_measurement, refit, save_profile
 from calibration.specs import ModelSpec
 
@@ -145,7 +146,7 @@ def model_spec(model: str, config: Path | None) -> ModelSpec:
         raise ValueError(f"--config {file}: expected a Hugging Face config.json (a JSON "
                          f"object), got {type(data).__name__}")
     try:
-        return ModelSpec.from_hf_config(file)
+        return spec_from_hf_config(file)
     except (ValueError, TypeError) as exc:
         msg = str(exc).removeprefix(f"{file}: ")
         raise ValueError(f"--config {file}: {msg}") from exc

@@ -1,11 +1,23 @@
-"""KV-cache capacity planning as vLLM's GPU worker does it at start-up (profile run, then
-``determine_num_available_blocks``): the memory left for the KV cache after weights, the
-profile run's activation peak and non-torch memory, cut into blocks. Owns KVCachePlan, the
-activation-peak estimate and the max_model_len check.
+"""KV-cache capacity planning as vLLM's GPU worker does it at start-up: the memory left for
+the KV cache after weights, the profile run's activation peak and non-torch memory, cut into
+blocks. Owns KVCachePlan, the activation-peak estimate, the non-torch default and the
+max_model_len check.
 
-    requested  = total_gpu_memory * gpu_memory_utilization
-    kv_bytes   = requested - peak (weights + activations) - non_torch
+The accounting follows vLLM V1's Worker.determine_available_memory (vllm/v1/worker/
+gpu_worker.py) and memory_profiling (vllm/utils/mem_utils.py) as of vLLM 0.19-0.20:
+
+    requested  = ceil(total_gpu_memory * gpu_memory_utilization)   # total as torch reports it
+    kv_bytes   = requested - weights - activation peak - non_torch
     num_gpu_blocks = kv_bytes // (block_size * kv_bytes_per_token)
+
+weights include the rotary cos/sin cache vLLM builds at load time; the activation peak is
+that of profile_run (a dummy forward of max_num_batched_tokens tokens, then the dummy
+sampler over max_num_seqs rows). CUDA-graph memory is not deducted: through vLLM 0.20 it is
+captured after the KV cache is sized and comes out of the 1 - gpu_memory_utilization
+headroom; from 0.21 vLLM deducts its estimate by default (VLLM_MEMORY_PROFILER_ESTIMATE_
+CUDAGRAPHS, "default since v0.21.0" in vLLM 0.32's gpu_worker.py), which servesim does not
+model (docs/fidelity.md shows the effect on a 0.28 log). ``kv_cache_memory_bytes`` (vLLM's
+--kv-cache-memory) replaces the whole computation, as vLLM's does.
 
 All sizes in bytes.
 """
@@ -18,15 +30,38 @@ from dataclasses import dataclass
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 
-DEFAULT_NON_TORCH_BYTES: int = round(0.35 * GIB)
-"""Memory the GPU process holds outside PyTorch's allocator (CUDA context, cuBLAS/NCCL
-workspaces): 0.35 GiB, as vLLM logged for Llama-3.1-8B on one RTX 3090
-(vllm-project/vllm#10517, "non_torch_memory=0.35GiB"); other single-GPU logs show 0.16-0.20 GiB
-(vllm#12126 on H100, vllm#14447), tensor-parallel runs more (NCCL buffers), so pass a
-measured value when you have one."""
+NON_TORCH_BYTES_TP1: int = round(0.13 * GIB)
+"""Memory a single-GPU vLLM process holds outside PyTorch's allocator (CUDA context, cuBLAS
+workspaces): about 0.13 GiB in vLLM 0.11 start-up logs at tensor_parallel_size 1 (issue 19's
+survey); older V0 logs show more (0.35 GiB on an RTX 3090, vllm-project/vllm#10517)."""
 
-_SAMPLER_BYTES_PER_LOGIT_FP32 = 8
-"""fp32 logits plus one fp32 softmax/log-softmax copy, per vocab entry per sampled row."""
+NON_TORCH_BYTES_TP: int = round(0.54 * GIB)
+"""The same with tensor parallelism, which adds NCCL and custom all-reduce buffers: about
+0.54 GiB per GPU at tensor_parallel_size 2 in vLLM 0.11 logs (issue 19's survey)."""
+
+SAMPLER_BYTES_PER_LOGIT = 32
+"""Bytes the dummy sampler run holds per vocabulary entry per sequence at its peak: the
+LM head's output in the model dtype, its fp32 copy, the sorted fp32 logits and their int64
+indices of the top-k/top-p pass, and the fp32 probabilities (2 + 4 + 4 + 8 + 4 = 22), plus
+the temporaries of the softmax and cumulative sum (vllm/v1/sample/ops/topk_topp_sampler.py,
+vLLM 0.32). 32 is fitted to the one start-up log that isolates it: vLLM 0.19 on an RTX 4090
+(Llama-3.1-8B, max_num_seqs 256, 2,048 batched tokens: 2,588 blocks, LLMServingSim's
+bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json) leaves 0.99 GiB between weights, KV cache
+and 0.13 GiB of non-torch memory, 31.9 bytes per entry. vLLM 0.11 logs show 4.8-5.6 GiB at
+max_num_seqs 1,024 (39-46 bytes), so this undercounts that version by about 1 GiB."""
+
+
+def default_non_torch_bytes(tensor_parallel_size: int = 1) -> int:
+    """NON_TORCH_BYTES_TP1 at tensor_parallel_size 1, NON_TORCH_BYTES_TP above it."""
+    return NON_TORCH_BYTES_TP1 if tensor_parallel_size <= 1 else NON_TORCH_BYTES_TP
+
+
+def rope_cache_bytes(model: ModelSpec, dtype_bytes: int) -> int:
+    """vLLM's rotary cos/sin cache, built at load time and counted in its "model weights"
+    figure: max_position_embeddings x head_dim values in the model dtype, on every GPU
+    (vllm/model_executor/layers/rotary_embedding). Llama-3.1-8B bf16: 131,072 x 128 x 2 =
+    32 MiB, the difference between vLLM's logged 14.99 GiB of weights and 14.96 of params."""
+    return model.max_position_embeddings * model.head_dim * dtype_bytes
 
 
 def activation_peak_bytes(
@@ -43,11 +78,11 @@ def activation_peak_bytes(
     residual and the down output (3 * hidden) are alive with gate_up (2 * I) and the activated
     product (I) for each of the k experts a token uses; MoE adds k * hidden for the fused-MoE
     output buffer and fp32 router logits (4 * E). The sampler peak keeps the final hidden
-    states and, per sampled row, the LM-head output (dtype) plus fp32 logits and one fp32
-    softmax copy (8 bytes) over the vocabulary. The two phases do not overlap:
+    states and, per sampled row and vocabulary entry, SAMPLER_BYTES_PER_LOGIT bytes (logits,
+    their fp32 copies and the top-k/top-p sort). The two phases do not overlap:
 
         forward = T * (dtype * (3h + k * 3I / N + [MoE] k * h) + [MoE] 4E)
-        sampler = T * h * dtype + S * V * (dtype + 8)
+        sampler = T * h * dtype + S * V * SAMPLER_BYTES_PER_LOGIT
         peak    = max(forward, sampler)
 
     T = max_num_batched_tokens, S = max_num_seqs, N = tensor_parallel_size (the MLP is
@@ -68,9 +103,8 @@ def activation_peak_bytes(
     if model.num_experts > 1:
         per_token += dtype_bytes * k * h + 4 * model.num_experts
     forward = max_num_batched_tokens * per_token
-    sampler = max_num_batched_tokens * h * dtype_bytes + max_num_seqs * model.vocab_size * (
-        dtype_bytes + _SAMPLER_BYTES_PER_LOGIT_FP32
-    )
+    sampler = (max_num_batched_tokens * h * dtype_bytes
+               + max_num_seqs * model.vocab_size * SAMPLER_BYTES_PER_LOGIT)
     return max(forward, sampler)
 
 
@@ -78,7 +112,7 @@ def activation_peak_bytes(
 class KVCachePlan:
     """The KV-cache budget of one GPU (bytes, blocks, tokens).
 
-    requested_bytes = total * gpu_memory_utilization; kv_bytes = requested_bytes -
+    requested_bytes = ceil(total * gpu_memory_utilization); kv_bytes = requested_bytes -
     weights_bytes - activation_bytes - non_torch_bytes; num_gpu_blocks = kv_bytes //
     (block_size * kv_bytes_per_token); kv_capacity_tokens = num_gpu_blocks * block_size.
     """
@@ -124,26 +158,10 @@ def plan_kv_cache(
     (0, 1] or a non-positive size, and one line naming gpu_memory_utilization with the
     numbers in GiB when not even one block fits (weights + activations don't fit).
     """
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    for name, value in (
-        ("total_gpu_memory_bytes", total_gpu_memory_bytes),
-        ("kv_bytes_per_token", kv_bytes_per_token),
-        ("block_size", block_size),
-    ):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if peak_memory_bytes < 0 or non_torch_bytes < 0:
-        raise ValueError(
-            "peak_memory_bytes and non_torch_bytes must be >= 0, "
-            f"got {peak_memory_bytes} and {non_torch_bytes}"
-        )
-    if not 0 <= weights_bytes <= peak_memory_bytes:
-        raise ValueError(
-            f"weights_bytes must be in [0, peak_memory_bytes={peak_memory_bytes}], "
-            f"got {weights_bytes}"
-        )
-    requested = math.floor(total_gpu_memory_bytes * gpu_memory_utilization)
+    _check_plan_args(total_gpu_memory_bytes, gpu_memory_utilization, peak_memory_bytes,
+                     non_torch_bytes, kv_bytes_per_token, block_size, weights_bytes)
+    # vLLM rounds the request up (request_memory in vllm/v1/worker/utils.py).
+    requested = math.ceil(total_gpu_memory_bytes * gpu_memory_utilization)
     kv_bytes = requested - peak_memory_bytes - non_torch_bytes
     num_gpu_blocks = max(kv_bytes, 0) // (block_size * kv_bytes_per_token)
     if num_gpu_blocks < 1:
@@ -168,6 +186,26 @@ def plan_kv_cache(
     )
 
 
+def _check_plan_args(total: int, util: float, peak: int, non_torch: int,
+                     kv_bytes_per_token: int, block_size: int, weights: int) -> None:
+    """plan_kv_cache's argument checks: ValueError naming the field."""
+    if not 0.0 < util <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util}")
+    for name, value in (
+        ("total_gpu_memory_bytes", total),
+        ("kv_bytes_per_token", kv_bytes_per_token),
+        ("block_size", block_size),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if peak < 0 or non_torch < 0:
+        raise ValueError(
+            f"peak_memory_bytes and non_torch_bytes must be >= 0, got {peak} and {non_torch}"
+        )
+    if not 0 <= weights <= peak:
+        raise ValueError(f"weights_bytes must be in [0, peak_memory_bytes={peak}], got {weights}")
+
+
 def plan_for(
     model: ModelSpec,
     gpu: GPUSpec,
@@ -176,29 +214,63 @@ def plan_for(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     block_size: int,
-    non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES,
+    non_torch_bytes: int | None = None,
     tensor_parallel_size: int = 1,
+    kv_cache_memory_bytes: int | None = None,
 ) -> KVCachePlan:
-    """The plan for a preset model on a preset GPU, per GPU of a tensor-parallel group:
-    weights / N (every matrix is sharded; the replicated norms are negligible), the
-    estimated activation peak and the per-GPU KV bytes per token. Raises ValueError as
-    plan_kv_cache does, and naming dtype or tensor_parallel_size when invalid."""
+    """The plan for a model on a GPU, per GPU of a tensor-parallel group, budgeted against
+    the memory torch reports (gpu.total_memory_bytes): weights / N (every matrix is sharded;
+    the replicated norms are negligible) plus the rotary cache, the estimated activation
+    peak, non-torch memory (default_non_torch_bytes(N) unless given) and the per-GPU KV
+    bytes per token. kv_cache_memory_bytes, when given, is the KV cache's size as vLLM's
+    --kv-cache-memory sets it: gpu_memory_utilization and the profile are then not used for
+    it. Raises ValueError as plan_kv_cache does, and naming dtype, tensor_parallel_size or
+    kv_cache_memory_bytes when invalid."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_per_token = model.kv_bytes_per_token(dtype_bytes, tensor_parallel_size)
-    weights = -(-model.weight_bytes(dtype_bytes) // tensor_parallel_size)
+    weights = (-(-model.weight_bytes(dtype_bytes) // tensor_parallel_size)
+               + rope_cache_bytes(model, dtype_bytes))
     activations = activation_peak_bytes(
         model, max_num_batched_tokens, max_num_seqs, dtype_bytes, tensor_parallel_size
     )
+    non_torch = (default_non_torch_bytes(tensor_parallel_size) if non_torch_bytes is None
+                 else non_torch_bytes)
+    if kv_cache_memory_bytes is not None:
+        return _plan_fixed_kv(kv_cache_memory_bytes, kv_per_token, block_size,
+                              weights, activations, non_torch)
     return plan_kv_cache(
-        gpu.memory_bytes,
+        gpu.total_memory_bytes,
         gpu_memory_utilization,
         weights + activations,
-        non_torch_bytes,
+        non_torch,
         kv_per_token,
         block_size,
         weights_bytes=weights,
+    )
+
+
+def _plan_fixed_kv(kv_cache_memory_bytes: int, kv_bytes_per_token: int, block_size: int,
+                   weights: int, activations: int, non_torch: int) -> KVCachePlan:
+    """A plan whose KV cache is kv_cache_memory_bytes (vLLM's kv_cache_memory_bytes skips
+    the profile's budget); requested_bytes is what the GPU then holds in all. Raises
+    ValueError naming kv_cache_memory_bytes when not one block fits."""
+    block_bytes = block_size * kv_bytes_per_token
+    num_gpu_blocks = kv_cache_memory_bytes // block_bytes
+    if num_gpu_blocks < 1:
+        raise ValueError(f"kv_cache_memory_bytes must hold at least one block "
+                         f"({block_bytes} bytes), got {kv_cache_memory_bytes}")
+    return KVCachePlan(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        kv_bytes_per_token=kv_bytes_per_token,
+        kv_capacity_tokens=num_gpu_blocks * block_size,
+        requested_bytes=weights + activations + non_torch + kv_cache_memory_bytes,
+        weights_bytes=weights,
+        activation_bytes=activations,
+        non_torch_bytes=non_torch,
+        kv_bytes=kv_cache_memory_bytes,
     )
 
 

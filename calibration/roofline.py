@@ -1,123 +1,172 @@
-"""The analytic roofline cost model: one engine step's time from FLOPs and bytes moved, priced
-at derated spec-sheet peaks of a ModelSpec on a GPUSpec. No measurement, no torch.
+"""The analytic roofline cost model: one engine step's time priced operator by operator from
+FLOPs and bytes moved, at derated spec-sheet peaks of a ModelSpec on a GPUSpec. No
+measurement, no torch.
 
-    step_time = max(flops / (peak_flops * compute_efficiency),
-                    bytes / (bandwidth * memory_efficiency))
-                + all-reduce time (tensor parallel only) + step_overhead_s
+    step_time = sum over operators of max(flops / achieved FLOP/s, bytes / achieved bytes/s)
+                + all-reduce time (tensor parallel only)
+                + step_overhead_s + per_seq_overhead_s * num_seqs
+
+The operators run one after the other, so a step whose linear layers are compute-bound (a
+prefill chunk) while its decodes' attention is memory-bound (long contexts) pays both, which
+one max over the whole step would hide. The efficiency constants are chosen against the
+published step latencies in tests/data/published_step_latencies.csv (benchmarks/
+roofline_accuracy.py prints the error table; docs/fidelity.md keeps it).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, ModelSpec
 from sim.batch import BatchShape
 
-DEFAULT_COMPUTE_EFFICIENCY = 0.7
-"""Achieved / dense-peak GEMM throughput: the middle of the 60-80% that large bf16 GEMMs
-reach on these parts (calibration/data/gpus.json _readme, "caveat")."""
+DEFAULT_COMPUTE_EFFICIENCY = 0.75
+"""Achieved / dense-peak GEMM throughput on a GPU without a measured figure in
+GEMM_EFFICIENCY: the middle of the A100 and H100 figures there."""
 
-DEFAULT_MEMORY_EFFICIENCY = 0.85
-"""Achieved / peak DRAM bandwidth: the middle of the 80-90% a streaming read reaches
+GEMM_EFFICIENCY: Mapping[str, float] = MappingProxyType({
+    "a100-40gb": 0.70,
+    "a100-80gb": 0.70,
+    "h100-sxm": 0.77,
+    "h100-pcie": 0.77,
+    "h200-sxm": 0.77,
+    "rtx-4090": 0.99,
+})
+"""Achieved / dense-peak bf16 GEMM throughput of the four linear layers of a 7-8B Llama
+layer at 2,048 tokens, read from public operator profiles (not from the step latencies
+the constants are checked against):
+  A100 0.695, H100 0.771: microsoft/vidur data/profiling/compute/{a100,h100}/meta-llama/
+    Llama-2-7b-hf/mlp.csv (attn_pre_proj + attn_post_proj + mlp_up_proj + mlp_down_proj
+    medians, 1 GPU, at commit 7d47513); H100 PCIe and H200 share the GH100 die and are
+    given H100 SXM's fraction of their own peaks.
+  RTX 4090 0.99: casys-kaist/LLMServingSim profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/
+    bf16/tp1/dense.csv (vLLM 0.19; qkv_proj, o_proj, gate_up_proj, down_proj at 2,048
+    tokens reach 163-166 TFLOP/s of the 165.2 dense peak: GeForce boards hold their boost
+    clock under tensor load where the data-centre parts are power-limited)."""
+
+DEFAULT_MEMORY_EFFICIENCY = 0.9
+"""Achieved / peak DRAM bandwidth of a weight- and KV-streaming operator, fitted (with the two
+overheads below) by calibration.published.fit_constants on the points of tests/data/
+published_step_latencies.csv not held out; the top of the 80-90% a streaming read reaches
 (calibration/data/gpus.json _readme, "caveat")."""
 
-DEFAULT_STEP_OVERHEAD_S = 2e-3
-"""Per-step CPU time not hidden behind the GPU: scheduling, input preparation, kernel
-launches, sampling and output processing. vLLM's own profiling of v0.5.3 (blog "vLLM v0.6.0:
-2.7x Throughput Improvement and 5x Latency Reduction", 2024-09-05) found Llama-3-8B on one
-H100 spending only 38% of the time on the GPU forward pass, with scheduling alone 29%; later
-releases overlap much of it (async output processing, V1 engine). 2 ms is a round middle for
-a step of a few ms; a fitted profile replaces it."""
+DEFAULT_STEP_OVERHEAD_S = 1.25e-3
+"""Per-step time outside the GPU's operators that no overlap hides (scheduling, input
+preparation, graph launch, output processing), fitted as above: the batch-1 decode steps of
+vLLM 0.21-0.23 with CUDA graphs sit about 1-1.5 ms over the roofline of their weights."""
+
+DEFAULT_PER_SEQ_OVERHEAD_S = 40e-6
+"""Per-sequence time a step pays on top of its operators (sampling, per-request input
+preparation and output processing): what makes a memory-bound decode step grow with batch
+size beyond its KV reads. Fitted as above; the batch sweeps in the table show it (L4 ITL 5.5
+-> 7.1 ms from 8 to 32 sequences, H100 TPOT 6.48 -> 6.59 ms from 1 to 4: 37-67 us a
+sequence, of which the KV reads explain 0-16 us)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LinearOp:
+    """One linear layer summed over the model's layers (per GPU): FLOPs and activation
+    bytes per token; weight bytes read once per step, always (fixed) or of the routed
+    experts the step's tokens touch (routed)."""
+
+    flops_per_token: float
+    fixed_weight_bytes: float
+    routed_weight_bytes: float
+    activation_bytes_per_token: float
 
 
 @dataclass(frozen=True, slots=True)
 class RooflineCostModel:
     """Roofline step time for ``model`` on ``gpu`` (seconds per engine step).
 
-    FLOPs = 2 * (active linear params except the LM head) * num_tokens
-          + 2 * LM-head params * num_sampled_seqs  (logits only for sampled rows, as vLLM)
-          + 4 * layers * heads * head_dim * (prefill_attention_pairs + decode_context_tokens)
-    Bytes = weights read once per step: all non-expert weights (the LM head only when a row
-            is sampled; the embedding table not at all: a lookup reads num_tokens rows)
-          + expert weights touched: MoE layers read E * (1 - (1 - k/E)^T) of their E experts,
-            the expected number of distinct experts T tokens hit under uniform independent
-            top-k routing (an approximation: real routers are skewed, so fewer are touched)
-          + KV reads (decode_context_tokens + prefill_context_tokens) * kv bytes/token
-          + KV writes num_tokens * kv bytes/token
-          + activations: each of the four matmuls per layer (qkv, o, gate_up, down) reads its
-            input and writes its output once per token.
+    Operators, each priced at max(FLOPs / (peak * compute efficiency), bytes / (bandwidth *
+    memory efficiency)) and summed (T = num_prefill_tokens + num_decode_seqs):
+      qkv, o, gate/up, down projections of every layer: 2 * params * T FLOPs; weights read
+        once; each reads its input and writes its output per token. MoE experts (gate/up
+        and down): 2 * k * params * T FLOPs, weights of the E * (1 - (1 - k/E)^T) distinct
+        experts T tokens touch under uniform independent top-k routing (real routers are
+        skewed, so fewer are touched); the router and norms ride with qkv's weights.
+      LM head on the sampled rows only (as vLLM): 2 * vocab * hidden * num_sampled_seqs
+        FLOPs, its weights read when a row is sampled.
+      element-wise work (norms, rotary, activation, residual adds): memory-bound, the
+        activation bytes above counted once more per token.
+      prefill attention: 4 * layers * heads * head_dim * prefill_attention_pairs FLOPs;
+        reads (prefill_context_tokens) and writes (num_prefill_tokens) KV.
+      decode attention: 4 * layers * heads * head_dim * decode_context_tokens FLOPs; reads
+        decode_context_tokens of KV and writes num_decode_seqs.
+    plus step_overhead_s and per_seq_overhead_s * (prefill chunks + decodes).
+    Weights are read at the bytes ModelSpec.weight_bytes_by_part gives (quantized where its
+    quantization says); linear layers with FP8 weights and activations run at the GPU's FP8
+    peak when it has one, every other format at the dtype's peak (weight-only int4 saves
+    bytes; its dequantisation is not priced).
+    compute_efficiency None takes the GPU's measured GEMM_EFFICIENCY, else
+    DEFAULT_COMPUTE_EFFICIENCY. The embedding table is not read (a lookup reads T rows).
     Tensor parallel over N GPUs divides the sharded FLOPs and bytes by N and adds two ring
-    all-reduces per layer of num_tokens * hidden * dtype bytes, each
-    2 (N-1)/N * bytes / interconnect bandwidth + interconnect latency, not overlapped.
-    This needs the GPU's interconnect numbers: every preset carries them with sources
-    (calibration/data/gpus.json; bandwidth is one direction of the GPU's NVLink or PCIe links);
-    a GPUSpec without them only runs tensor_parallel_size 1.
+    all-reduces per layer of T * hidden * dtype bytes, each 2 (N-1)/N * bytes /
+    interconnect bandwidth + interconnect latency, not overlapped; this needs the GPU's
+    interconnect numbers (every preset carries them with sources, calibration/data/gpus.json),
+    so a GPUSpec without them only runs tensor_parallel_size 1.
     An empty shape (no tokens) costs step_overhead_s.
 
     Raises ValueError naming the field: dtype not in DTYPE_BYTES, efficiencies outside (0, 1],
-    step_overhead_s negative or not finite, tensor_parallel_size < 1 or not dividing the heads,
+    overheads negative or not finite, tensor_parallel_size < 1 or not dividing the heads,
     tensor_parallel_size > 1 on a GPU without interconnect numbers.
     """
 
     model: ModelSpec
     gpu: GPUSpec
     dtype: str = "bf16"
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    compute_efficiency: float | None = None
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     tensor_parallel_size: int = 1
-    # Per-GPU constants precomputed once so step_time is a handful of float operations.
+    per_seq_overhead_s: float = DEFAULT_PER_SEQ_OVERHEAD_S
+    # Per-GPU constants precomputed once so step_time is a few dozen float operations.
     _seconds_per_flop: float = field(init=False, repr=False, compare=False)
     _seconds_per_byte: float = field(init=False, repr=False, compare=False)
-    _body_flops_per_token: float = field(init=False, repr=False, compare=False)
-    _head_flops_per_row: float = field(init=False, repr=False, compare=False)
-    _attention_flops_per_pair: float = field(init=False, repr=False, compare=False)
-    _fixed_weight_bytes: float = field(init=False, repr=False, compare=False)
-    _head_bytes: float = field(init=False, repr=False, compare=False)
-    _expert_bytes: float = field(init=False, repr=False, compare=False)
+    # qkv, o, gate/up, down: (compute s per token, fixed and routed weight-read s,
+    # activation s per token).
+    _op_seconds: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _num_experts: int = field(init=False, repr=False, compare=False)
     _miss_fraction: float = field(init=False, repr=False, compare=False)
+    _head_flops_per_row: float = field(init=False, repr=False, compare=False)
+    _head_bytes: float = field(init=False, repr=False, compare=False)
+    _elementwise_bytes_per_token: float = field(init=False, repr=False, compare=False)
+    _attention_flops_per_pair: float = field(init=False, repr=False, compare=False)
     _kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
-    _activation_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _comm_seconds_per_token: float = field(init=False, repr=False, compare=False)
     _comm_seconds_fixed: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._validate()
-        m, n = self.model, self.tensor_parallel_size
-        dtype_bytes = DTYPE_BYTES[self.dtype]
-        body_params = m.num_active_params_per_token() - m.lm_head_params
-        q_dim = m.num_attention_heads * m.head_dim
-        experts_per_layer = m.num_experts * m.expert_params_per_layer
-        fixed_params = (
-            m.num_layers
-            * (m.attention_params_per_layer + m.router_params_per_layer + m.norm_params_per_layer)
-            + m.hidden_size
-        )
-        act_elems = m.num_layers * (
-            4 * m.hidden_size
-            + (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
-            + q_dim
-            + 3 * m.num_experts_per_tok * m.intermediate_size
-        )
-        values = {
-            "_seconds_per_flop": 1.0 / (self.gpu.peak_flops(self.dtype) * self.compute_efficiency),
+        efficiency = self.compute_efficiency
+        if efficiency is None:
+            efficiency = GEMM_EFFICIENCY.get(self.gpu.name, DEFAULT_COMPUTE_EFFICIENCY)
+        values: dict[str, object] = {
+            "_seconds_per_flop": 1.0 / (self.gpu.peak_flops(self.dtype) * efficiency),
             "_seconds_per_byte": 1.0
             / (self.gpu.memory_bandwidth_bytes_per_s * self.memory_efficiency),
-            "_body_flops_per_token": 2.0 * body_params / n,
-            "_head_flops_per_row": 2.0 * m.lm_head_params / n,
-            "_attention_flops_per_pair": 4.0 * m.num_layers * q_dim / n,
-            "_fixed_weight_bytes": float(fixed_params * dtype_bytes) / n,
-            "_head_bytes": float(m.lm_head_params * dtype_bytes) / n,
-            "_expert_bytes": float(m.num_layers * experts_per_layer * dtype_bytes) / n,
-            "_num_experts": m.num_experts,
-            "_miss_fraction": 1.0 - m.num_experts_per_tok / m.num_experts,
-            "_kv_bytes_per_token": float(m.kv_bytes_per_token(dtype_bytes, n)),
-            "_activation_bytes_per_token": float(act_elems * dtype_bytes) / n,
         }
-        values.update(self._comm_constants(dtype_bytes))
+        values.update(self._operator_constants(DTYPE_BYTES[self.dtype]))
+        values.update(self._comm_constants(DTYPE_BYTES[self.dtype]))
+        spf, spb = values["_seconds_per_flop"], values["_seconds_per_byte"]
+        assert isinstance(spf, float) and isinstance(spb, float)
+        q = self.model.quantization
+        if (q is not None and q.weight_type == "float" and q.activation_bits == 8
+                and self.gpu.fp8_flops is not None):
+            # FP8 weights and activations (vLLM's fp8 and compressed-tensors W8A8-FP8) run
+            # the linear layers on the FP8 tensor cores; other formats dequantise to dtype.
+            spf = 1.0 / (self.gpu.fp8_flops * efficiency)
+        ops = values.pop("_linear_ops")
+        assert isinstance(ops, tuple)
+        values["_op_seconds"] = tuple(
+            x for op in ops for x in (op.flops_per_token * spf, op.fixed_weight_bytes * spb,
+                                      op.routed_weight_bytes * spb,
+                                      op.activation_bytes_per_token * spb))
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -126,10 +175,12 @@ class RooflineCostModel:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         for name in ("compute_efficiency", "memory_efficiency"):
             value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
+            if value is not None and not 0.0 < value <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
-        if not (math.isfinite(self.step_overhead_s) and self.step_overhead_s >= 0.0):
-            raise ValueError(f"step_overhead_s must be >= 0 seconds, got {self.step_overhead_s}")
+        for name in ("step_overhead_s", "per_seq_overhead_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} must be >= 0 seconds, got {value}")
         self.model.check_tensor_parallel(self.tensor_parallel_size)
         if self.tensor_parallel_size > 1 and (
             self.gpu.interconnect_bandwidth_bytes_per_s is None
@@ -141,7 +192,58 @@ class RooflineCostModel:
                 "has none: give them with dataclasses.replace(gpu, ...)"
             )
 
-    def _comm_constants(self, dtype_bytes: int) -> dict[str, float]:
+    def _operator_constants(self, dtype_bytes: int) -> dict[str, object]:
+        """FLOPs and bytes of each operator, summed over layers and divided over the GPUs.
+        Sizes come from the ModelSpec: its attention and MLP matrices (attention_linears,
+        mlp_linears: GQA or MLA, dense and MoE layers, shared experts), its weight bytes by
+        part (quantized as its quantization says) and KV bytes per token (its
+        kv_cache_dtype)."""
+        m, n = self.model, self.tensor_parallel_size
+        layers, h, k = m.num_layers, m.hidden_size, m.num_experts_per_tok
+        moe, dense = m.num_moe_layers, m.num_layers - m.num_moe_layers
+        parts = m.weight_bytes_by_part(dtype_bytes)
+        attn = m.attention_linears()
+        qkv_params = sum(i * o for i, o, _ in attn[:-1])
+        o_params = attn[-1][0] * attn[-1][1]
+        attn_bytes = parts["attention"]
+        qkv_share = qkv_params / (qkv_params + o_params)
+        widths = ((dense, 1, m.intermediate_size), (moe, k, m.expert_intermediate_size),
+                  (moe, 1, m.shared_expert_intermediate_size))
+        mlp_flops = sum(count * per * 3 * h * width for count, per, width in widths)
+        mlp_act = sum(count * per * (2 * h + 3 * width) for count, per, width in widths)
+        act_fn = sum(count * per * 3 * width for count, per, width in widths)
+        fixed_mlp = parts["dense_mlp"] + parts["shared_experts"]
+        routed = parts["routed_experts"]
+
+        def op(flops: float, fixed: float, touched: float, in_out_elems: float) -> _LinearOp:
+            return _LinearOp(2.0 * flops / n, fixed / n, touched / n,
+                             in_out_elems * dtype_bytes / n)
+
+        q_dim = m.num_attention_heads * m.head_dim
+        kv_dim = m.num_kv_heads * m.head_dim
+        return {
+            "_linear_ops": (
+                op(layers * qkv_params,
+                   attn_bytes * qkv_share + parts["router"] + parts["norms"], 0.0,
+                   layers * (h + sum(o for _, o, _ in attn[:-1]))),
+                op(layers * o_params, attn_bytes * (1.0 - qkv_share), 0.0,
+                   layers * (attn[-1][0] + h)),
+                # gate/up (2/3 of each MLP's weights) then down (1/3).
+                op(mlp_flops * 2 / 3, fixed_mlp * 2 / 3, routed * 2 / 3, mlp_act * 2 / 3),
+                op(mlp_flops / 3, fixed_mlp / 3, routed / 3, mlp_act / 3)),
+            "_num_experts": m.num_experts,
+            "_miss_fraction": 1.0 - k / m.num_experts,
+            "_head_flops_per_row": 2.0 * m.lm_head_params / n,
+            "_head_bytes": float(m.lm_head_params * dtype_bytes) / n,
+            # Two RMSNorms (read + write h), rotary (q and k), SiLU * up (read 2f, write f),
+            # two residual adds (read 2h, write h).
+            "_elementwise_bytes_per_token": dtype_bytes / n * (
+                layers * (10 * h + 2 * (q_dim + kv_dim)) + act_fn),
+            "_attention_flops_per_pair": float(m.attention_flops_per_pair()) / n,
+            "_kv_bytes_per_token": float(m.kv_bytes_per_token(dtype_bytes, n)),
+        }
+
+    def _comm_constants(self, dtype_bytes: int) -> dict[str, object]:
         n = self.tensor_parallel_size
         bandwidth = self.gpu.interconnect_bandwidth_bytes_per_s
         latency = self.gpu.interconnect_latency_s
@@ -155,6 +257,54 @@ class RooflineCostModel:
             "_comm_seconds_fixed": all_reduces * latency,
         }
 
+    def _token_time(self, tokens: int, sampled: int, seqs: int) -> float:
+        """Seconds of everything but attention for a step of ``tokens`` tokens, ``sampled``
+        LM-head rows and ``seqs`` sequences: linear layers, experts, LM head, element-wise
+        work, all-reduces and the overheads (the hot path: plain float arithmetic)."""
+        cq, bq, _, aq, co, bo, _, ao, cu, bu, ru, au, cd, bd, rd, ad = self._op_seconds
+        touched = 1.0 - self._miss_fraction**tokens if self._num_experts > 1 else 1.0
+        c1, b1 = cq * tokens, bq + aq * tokens
+        c2, b2 = co * tokens, bo + ao * tokens
+        c3, b3 = cu * tokens, bu + ru * touched + au * tokens
+        c4, b4 = cd * tokens, bd + rd * touched + ad * tokens
+        total = ((c1 if c1 > b1 else b1) + (c2 if c2 > b2 else b2)
+                 + (c3 if c3 > b3 else b3) + (c4 if c4 > b4 else b4))
+        spf, spb = self._seconds_per_flop, self._seconds_per_byte
+        if sampled:
+            c = self._head_flops_per_row * sampled * spf
+            b = self._head_bytes * spb
+            total += c if c > b else b
+        total += self._elementwise_bytes_per_token * tokens * spb
+        total += self._comm_seconds_per_token * tokens + self._comm_seconds_fixed
+        return total + self.step_overhead_s + self.per_seq_overhead_s * seqs
+
+    def _decode_attention_time(self, decode_context_tokens: int, num_decode_seqs: int) -> float:
+        """Seconds of the decodes' attention: their keys' FLOPs against reading their KV
+        (and writing one token each)."""
+        c = self._attention_flops_per_pair * decode_context_tokens * self._seconds_per_flop
+        b = self._kv_bytes_per_token * (decode_context_tokens + num_decode_seqs) \
+            * self._seconds_per_byte
+        return c if c > b else b
+
+    def step_time(self, shape: BatchShape) -> float:
+        """Seconds for one engine step of ``shape`` (see the class docstring)."""
+        tokens = shape.num_prefill_tokens + shape.num_decode_seqs
+        if tokens == 0:
+            return self.step_overhead_s
+        price = self._token_time(tokens, shape.num_sampled_seqs,
+                                 shape.num_prefill_seqs + shape.num_decode_seqs)
+        if shape.num_prefill_tokens:
+            c = self._attention_flops_per_pair * shape.prefill_attention_pairs \
+                * self._seconds_per_flop
+            b = self._kv_bytes_per_token \
+                * (shape.prefill_context_tokens + shape.num_prefill_tokens) \
+                * self._seconds_per_byte
+            price += c if c > b else b
+        if shape.num_decode_seqs:
+            price += self._decode_attention_time(shape.decode_context_tokens,
+                                                 shape.num_decode_seqs)
+        return price
+
     def decode_run_times(self, num_decode_seqs: int, num_sampled_seqs: int,
                          decode_context_tokens: int, growth: int, num_steps: int,
                          start: float = 0.0, until: float = math.inf) -> list[float]:
@@ -165,65 +315,17 @@ class RooflineCostModel:
         or after ``until`` when the first starts at ``start`` (the steps run back to
         back). The engine's fast path prices its runs of steady decode steps with it
         (this makes the model a ``sim.interface.BulkDecodePricer``)."""
-        tokens = num_decode_seqs
-        if tokens == 0 or self._num_experts > 1:
-            prices: list[float] = []
-            t = start
-            for j in range(num_steps):
-                if j and t >= until:
-                    break
-                prices.append(self.step_time(BatchShape(
-                    0, 0, 0, 0, tokens, decode_context_tokens + j * growth, num_sampled_seqs)))
-                t = t + prices[-1]
-            return prices
-        sampled = num_sampled_seqs
-        base_flops = self._body_flops_per_token * tokens + self._head_flops_per_row * sampled
-        weight_bytes = self._fixed_weight_bytes + (self._head_bytes if sampled else 0.0)
-        weight_bytes += self._expert_bytes
-        attn, kvb = self._attention_flops_per_pair, self._kv_bytes_per_token
-        act = self._activation_bytes_per_token * tokens
-        spf, spb = self._seconds_per_flop, self._seconds_per_byte
-        tail = self._comm_seconds_per_token * tokens + self._comm_seconds_fixed
-        overhead = self.step_overhead_s
-        out = []
+        base = (self._token_time(num_decode_seqs, num_sampled_seqs, num_decode_seqs)
+                if num_decode_seqs else self.step_overhead_s)
+        out: list[float] = []
         ctx = decode_context_tokens
         t = start
         for j in range(num_steps):
             if j and t >= until:
                 break
-            compute_s = (base_flops + attn * ctx) * spf
-            memory_s = (weight_bytes + kvb * (ctx + tokens) + act) * spb
-            price = (compute_s if compute_s > memory_s else memory_s) + tail + overhead
+            price = (base + self._decode_attention_time(ctx, num_decode_seqs)
+                     if num_decode_seqs else base)
             out.append(price)
             t = t + price
             ctx += growth
         return out
-
-    def step_time(self, shape: BatchShape) -> float:
-        """Seconds for one engine step of ``shape`` (see the class docstring)."""
-        tokens = shape.num_prefill_tokens + shape.num_decode_seqs
-        if tokens == 0:
-            return self.step_overhead_s
-        sampled = shape.num_sampled_seqs
-        flops = (
-            self._body_flops_per_token * tokens
-            + self._head_flops_per_row * sampled
-            + self._attention_flops_per_pair
-            * (shape.prefill_attention_pairs + shape.decode_context_tokens)
-        )
-        weight_bytes = self._fixed_weight_bytes + (self._head_bytes if sampled else 0.0)
-        if self._num_experts > 1:
-            touched = 1.0 - self._miss_fraction**tokens
-            weight_bytes += self._expert_bytes * touched
-        else:
-            weight_bytes += self._expert_bytes
-        kv_tokens = shape.decode_context_tokens + shape.prefill_context_tokens + tokens
-        moved = (
-            weight_bytes
-            + self._kv_bytes_per_token * kv_tokens
-            + self._activation_bytes_per_token * tokens
-        )
-        compute_s = flops * self._seconds_per_flop
-        memory_s = moved * self._seconds_per_byte
-        comm_s = self._comm_seconds_per_token * tokens + self._comm_seconds_fixed
-        return (compute_s if compute_s > memory_s else memory_s) + comm_s + self.step_overhead_s

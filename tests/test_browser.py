@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from sim.app.cli.main import app
 from sim.app.reports.report import write_report
-from sim.app.runs.runner import RunConfig, prepare, simulate_prepared, write_run
+from sim.app.runs.run_files import write_run
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 CHROMIUM = next((p for p in (shutil.which(n) for n in (

@@ -17,6 +17,7 @@ import pytest
 
 from calibration.fit import FEATURES, fit_points
 from calibration.grid import REGIONS, GridConfig, GridPoint, make_grid
+from calibration.hf_config import spec_from_hf_config
 from calibration.profile import Profile, load_profile, profile_from_measurement
 from calibration.specs import ModelSpec
 from calibration.vllm_driver import PlanError, plan_fill
@@ -259,7 +260,7 @@ def test_preset_config_round_trips_through_hf_config(tmp_path: Path) -> None:
     assert config["architectures"] == ["Qwen2ForCausalLM"]
     (tmp_path / "qwen2.5-0.5b").mkdir()
     (tmp_path / "qwen2.5-0.5b" / "config.json").write_text(json.dumps(config))
-    back = ModelSpec.from_hf_config(tmp_path / "qwen2.5-0.5b")
+    back = spec_from_hf_config(tmp_path / "qwen2.5-0.5b")
     same = ("name", "hf_id", "source")
     assert dataclasses.replace(back, **{k: getattr(spec, k) for k in same}) == spec
     with pytest.raises(ValueError, match=r"give its config\.json with --config"):

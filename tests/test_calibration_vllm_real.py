@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from calibration.grid import REGIONS, GridConfig
-from calibration.specs import ModelSpec
+from calibration.hf_config import spec_from_hf_config
 from calibration.vllm_measure import VllmSettings, measure_vllm
 from tests.test_calibration_vllm import CONFIG
 
@@ -41,7 +41,7 @@ def test_real_engine_measures_every_point_and_reports_its_facts(vllm_python: str
     config = tmp_path / "qwen2-tiny" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps(CONFIG))
-    spec = ModelSpec.from_hf_config(config)
+    spec = spec_from_hf_config(config)
     grid = GridConfig(max_num_seqs=4, max_num_batched_tokens=64, max_context=256, repeats=1)
     m = measure_vllm(spec, grid, VllmSettings(python=vllm_python, config=config),
                      dtype="fp32", progress=False, budget_s=600)
@@ -73,7 +73,7 @@ def test_real_engine_replays_a_workload_as_servesim_decides(vllm_python: str,
     config = tmp_path / "qwen2-tiny" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps(CONFIG))
-    spec = ModelSpec.from_hf_config(config)
+    spec = spec_from_hf_config(config)
     grid = GridConfig(max_num_seqs=8, max_num_batched_tokens=128, max_context=512, repeats=1)
     m = measure_vllm(spec, grid, VllmSettings(python=vllm_python, config=config),
                      dtype="fp32", progress=False, budget_s=600)

@@ -192,7 +192,7 @@ def test_cli_diagram_checks_html_before_simulating(tmp_path: Path, html: str,
 @pytest.mark.parametrize(("text", "message"), [
     ("[]", "config.json must hold a JSON object, got list"),
     ("{", "config.json is not valid JSON"),
-    ('{"max_num_seqs": "abc"}', "config.json: max_num_seqs must be an integer, got 'abc'"),
+    ('{"max_num_seqs": "abc"}', "config.json: max_num_seqs must be an integer or null, got 'abc'"),
     ('{"max_model_len": true}', "max_model_len must be an integer or null, got True"),
     ('{"gpu_memory_utilization": 3}', "config.json: gpu_memory_utilization must be in (0, 1]"),
 ])

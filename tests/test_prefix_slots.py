@@ -332,7 +332,7 @@ def as_segments(w: Workload, block_size: int, replicas: int = 1) -> ContentFn:
 
 @pytest.mark.parametrize("cache", ["block", "radix"])
 @pytest.mark.parametrize(("scenario", "blocks", "policy", "users"), [
-    ("multi-turn", 900, "chunked", None), ("system-prompts", 700, "continuous", None),
+    ("multi-turn", 700, "chunked", None), ("system-prompts", 700, "continuous", None),
     ("mooncake", 500, "chunked", None), ("mooncake", 400, "continuous", 16),
 ])
 def test_fixed_slots_simulate_as_dynamic_ones(monkeypatch: pytest.MonkeyPatch, cache: str,

@@ -23,7 +23,8 @@ from sim.app.reports.report import (
     write_report,
 )
 from sim.app.reports.run_dir import load_run
-from sim.app.runs.runner import RunConfig, prepare, simulate_prepared, write_run
+from sim.app.runs.run_files import write_run
+from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 
 runner = CliRunner()
 MAX_BYTES = 10 * 1024 * 1024

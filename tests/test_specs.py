@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from calibration.gpus import GPUSpec, get_gpu, list_gpus
-from calibration.specs import DTYPE_BYTES, GIB, ModelSpec, get_model, list_models
+from calibration.gpus import GPUSpec, get_gpu, list_gpus, load_gpu_spec
+from calibration.hf_config import spec_from_hf_config
+from calibration.specs import DTYPE_BYTES, GIB, get_model, list_models
 
 MODELS = [
     "qwen2.5-0.5b",
@@ -27,10 +28,14 @@ GPUS = [
     "h100-sxm",
     "h100-pcie",
     "h200-sxm",
+    "b200",
+    "mi300x",
     "l4",
     "l40s",
     "rtx-3060",
+    "rtx-3090",
     "rtx-4090",
+    "rtx-5090",
 ]
 
 # 2 * layers * kv_heads * head_dim * 2 bytes, by hand (matches shared/models README table).
@@ -146,7 +151,8 @@ def test_unknown_names_list_the_known_ones() -> None:
     assert str(model_err.value) == "unknown model 'gpt-5'; known: " + ", ".join(MODELS)
     with pytest.raises(ValueError) as gpu_err:
         get_gpu("tpu-v5")
-    assert str(gpu_err.value) == "unknown GPU 'tpu-v5'; known: " + ", ".join(GPUS)
+    assert str(gpu_err.value) == ("unknown GPU 'tpu-v5'; known: " + ", ".join(GPUS)
+                                  + " (or a .json/.toml spec file)")
 
 
 def test_gpu_numbers() -> None:
@@ -168,6 +174,54 @@ def test_gpu_numbers() -> None:
 def test_gpu_spec_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="memory_bandwidth_bytes_per_s"):
         GPUSpec("x", GIB, 0.0, 1e12, 1e12, 1e12)
+    with pytest.raises(ValueError, match="fp8_flops"):
+        GPUSpec("x", GIB, 1e12, 1e12, 1e12, 1e12, fp8_flops=0.0)
+
+
+def test_gpu_fp8_peak_and_reported_memory() -> None:
+    h100 = get_gpu("h100-sxm")
+    assert h100.peak_flops("fp8") == pytest.approx(1978.9e12)  # 3,958 with sparsity / 2
+    assert h100.total_memory_bytes == round(79.22 * GIB)  # vLLM's total_gpu_memory
+    a100 = get_gpu("a100-80gb")
+    with pytest.raises(ValueError, match="fp8"):
+        a100.peak_flops("fp8")  # Ampere has no FP8 tensor cores
+    assert a100.total_memory_bytes == 80 * GIB  # no reported figure: the label stands in
+    assert get_gpu("rtx-4090").total_memory_bytes == 25_250_627_584
+
+
+SPEC = {"memory_gib": 48, "memory_bytes_reported": 47_697_362_944,
+        "memory_bandwidth_gb_s": 864, "bf16_tensor_dense_tflops": 362.05,
+        "fp16_tensor_dense_tflops": 362.05, "fp8_tensor_dense_tflops": 733,
+        "fp32_tflops": 91.6, "interconnect_bandwidth_gb_s": 32, "interconnect_latency_us": 40}
+
+
+def _check_spec(spec: GPUSpec, name: str) -> None:
+    assert spec.name == name
+    assert spec.memory_bytes == 48 * GIB and spec.total_memory_bytes == 47_697_362_944
+    assert spec.memory_bandwidth_bytes_per_s == pytest.approx(864e9)
+    assert spec.peak_flops("fp8") == pytest.approx(733e12)
+    assert spec.interconnect_latency_s == pytest.approx(40e-6)
+
+
+def test_gpu_spec_file_json_and_toml(tmp_path: Path) -> None:
+    (tmp_path / "my-l40s.json").write_text(json.dumps(SPEC))
+    _check_spec(get_gpu(str(tmp_path / "my-l40s.json")), "my-l40s")
+    toml = "\n".join(f"{k} = {v}" for k, v in {**SPEC, "name": '"lab-l40s"'}.items())
+    (tmp_path / "x.toml").write_text(toml)
+    _check_spec(get_gpu(str(tmp_path / "x.toml")), "lab-l40s")
+
+
+def test_gpu_spec_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such GPU spec file"):
+        get_gpu(str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text(json.dumps({"memory_gib": 24}))
+    with pytest.raises(ValueError, match="missing keys: memory_bandwidth_gb_s"):
+        get_gpu(str(tmp_path / "bad.json"))
+    (tmp_path / "broken.toml").write_text("memory_gib = ")
+    with pytest.raises(ValueError, match="cannot read GPU spec"):
+        get_gpu(str(tmp_path / "broken.toml"))
+    with pytest.raises(ValueError, match=r"\.json or \.toml"):
+        load_gpu_spec(tmp_path / "x.yaml")
 
 
 def test_model_spec_validation_names_the_field() -> None:
@@ -206,28 +260,29 @@ LLAMA_CONFIG: dict[str, object] = {
 
 def test_from_hf_config_matches_preset(tmp_path: Path) -> None:
     path = _write_config(tmp_path / "llama-3.1-8b", LLAMA_CONFIG)
-    spec = ModelSpec.from_hf_config(path)
+    spec = spec_from_hf_config(path)
     preset = get_model("llama-3.1-8b")
     assert replace(spec, source="") == replace(preset, source="")
-    assert ModelSpec.from_hf_config(path.parent) == spec  # a folder works too
+    assert spec_from_hf_config(path.parent) == spec  # a folder works too
 
 
 def test_from_hf_config_qwen_and_mixtral(tmp_path: Path) -> None:
     qwen = dict(LLAMA_CONFIG, model_type="qwen2")
     del qwen["attention_bias"]
-    assert ModelSpec.from_hf_config(_write_config(tmp_path / "q", qwen)).attention_bias
+    assert spec_from_hf_config(_write_config(tmp_path / "q", qwen)).attention_bias
     mixtral = dict(LLAMA_CONFIG, model_type="mixtral", num_local_experts=8, num_experts_per_tok=2)
-    spec = ModelSpec.from_hf_config(_write_config(tmp_path / "m", mixtral))
+    spec = spec_from_hf_config(_write_config(tmp_path / "m", mixtral))
     assert (spec.num_experts, spec.num_experts_per_tok) == (8, 2)
 
 
 def test_from_hf_config_names_missing_keys(tmp_path: Path) -> None:
     config = {k: v for k, v in LLAMA_CONFIG.items() if k not in ("vocab_size", "hidden_size")}
     with pytest.raises(ValueError, match="hidden_size, vocab_size"):
-        ModelSpec.from_hf_config(_write_config(tmp_path, config))
+        spec_from_hf_config(_write_config(tmp_path, config))
 
 
 def test_calibration_does_not_read_shared_at_runtime() -> None:
     package = Path(__file__).resolve().parent.parent / "calibration"
     for module in ("specs.py", "memory.py", "roofline.py"):
-        assert "shared" not in (package / module).read_text()
+        text = (package / module).read_text()  # "shared experts" is a model term
+        assert "../shared" not in text and "shared/" not in text

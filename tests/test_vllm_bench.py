@@ -121,3 +121,20 @@ def test_failed_request_entries_are_not_checked() -> None:
     r = parse_result("r.json", _with(ttfts=[0.05, 0.06, "n/a", 0.04], output_lens=[4, 3, 0, 1]))
     assert list(r.index) == [0, 1, 3]
     assert np.array_equal(r.ttft_s, [0.05, 0.06, 0.04])
+
+
+def test_a_result_recorded_against_a_real_vllm_serve_reads_and_agrees_with_vllm() -> None:
+    # benchmarks/data/vllm_serve_cpu_qwen2.5-0.5b-8l.json: vllm bench serve against vLLM
+    # 0.32's OpenAI server on a CPU (benchmarks/vllm_serve_cpu.py): 40 requests, prompts
+    # 96-128 tokens, outputs 24-32, one streamed chunk a token. The reader keeps every
+    # request, each with n - 1 chunk gaps, and the medians vLLM printed are the medians
+    # of the per-request lists it wrote.
+    path = Path(__file__).parents[1] / "benchmarks" / "data" / \
+        "vllm_serve_cpu_qwen2.5-0.5b-8l.json"
+    r = read_result(path)
+    raw = json.loads(path.read_text())
+    assert len(r) == 40 and r.num_failed == 0
+    assert r.num_prompt_tokens.min() >= 96 and r.num_prompt_tokens.max() <= 128
+    assert int(r.output_len.sum()) == 1137 and len(r.itl_s) == 1137 - 40
+    assert np.median(r.ttft_s) * 1e3 == pytest.approx(raw["median_ttft_ms"], rel=1e-9)
+    assert np.median(r.latency_s) * 1e3 == pytest.approx(raw["median_e2el_ms"], rel=1e-9)

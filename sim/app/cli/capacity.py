@@ -16,15 +16,24 @@ from rich.progress import Progress
 from rich.table import Table
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
-from sim.app.cli.options import OPTIONS, declare, seeds, with_options
+from sim.app.cli.options import (
+    CONFIG_OPTION,
+    OPTIONS,
+    PREFIX_SWITCH,
+    config_options,
+    declare,
+    seeds,
+    with_options,
+)
 from sim.app.runs.axes import AXES, PLAN_AXES
 
 
 @with_options(
     *declare([n for n in OPTIONS if n != "seed"], axes=AXES,
              router={"default": "least-outstanding"}),
-    seeds("0", "every cell replays each seed's workload."))
+    seeds("0", "every cell replays each seed's workload."), PREFIX_SWITCH, CONFIG_OPTION)
 def sweep(
+    ctx: typer.Context,
     workers: Annotated[int | None, typer.Option(
         help="Worker processes (default: one per CPU).")] = None,
     backend: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
@@ -41,6 +50,7 @@ def sweep(
     from sim.app.runs.runner import RunConfig
     from sim.app.runs.sweep import Grid, check_cells, run_sweep
 
+    opts = config_options(ctx, opts, AXES)
     try:
         grid = Grid.parse({a: opts.pop(a) for a in AXES}, opts.pop("seeds"))
         think_time = opts.pop("think_time")  # closed-loop cells only: given to each cell
@@ -119,8 +129,10 @@ PLAN_SETS = ("arrival", "rate", "concurrency", "think_time", "time_scale", "wind
              num_requests={"default": 2000, "help": "Requests per probe (the cost and the "
                                                     "precision of every probe)."},
              router={"default": "least-outstanding"}, trace_sample={"default": True}),
-    seeds("0,1,2", "each probe runs on every seed; the capacity interval spans them."))
+    seeds("0,1,2", "each probe runs on every seed; the capacity interval spans them."),
+    PREFIX_SWITCH, CONFIG_OPTION)
 def plan(
+    ctx: typer.Context,
     slo_percentile: Annotated[float, typer.Option(
         help="Percentile the SLOs apply at.")] = 99.0,
     target_rate: Annotated[float | None, typer.Option(
@@ -155,6 +167,7 @@ def plan(
               "target_concurrency": target_concurrency, "load": load, "start": start,
               "tolerance": tolerance, "max_probes": max_probes,
               "check_requests": check_requests}
+    opts = config_options(ctx, opts, PLAN_AXES)
     try:
         spec = _plan_spec(opts, search)
         executor = Executor(workers, backend, address)

@@ -2,19 +2,21 @@
 
 Every command turns bad input into one clear line on stderr and exit code 1, never a
 traceback. Commands are plain functions in their own modules (``run``, ``capacity``,
-``tools``, ``validate``, and calibration's), registered here, once, in the order
+``tools``, ``validate``, ``inspect``, and calibration's), registered here, once, in the order
 ``--help`` lists them.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
 from calibration.cli import register as register_calibrate
 from sim.app.cli.capacity import plan, sweep
 from sim.app.cli.common import err_console
+from sim.app.cli.inspect import inspect_model
 from sim.app.cli.run import list_known, report, run
 from sim.app.cli.tools import diagram
 from sim.app.cli.validate import validate
@@ -23,9 +25,28 @@ app = typer.Typer(
     name="servesim", help="LLM-serving scheduling simulator (vLLM-faithful policies).",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    """--version: print servesim's version and stop."""
+    if value:
+        from sim.app.runs.config_file import VERSION
+
+        print(f"servesim {VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print servesim's version and exit.")] = False) -> None:
+    pass
+
+
 app.command()(run)
 app.command()(report)
 app.command("list")(list_known)
+app.command("inspect")(inspect_model)
 app.command()(sweep)
 app.command()(plan)
 app.command()(diagram)

@@ -18,7 +18,8 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, get_args
 
 import typer
 
@@ -50,13 +51,24 @@ _ROUTERS = ("round-robin, least-outstanding, least-kv, cache-aware (longest cach
 
 #: Every simulation option, in the order ``--help`` lists them.
 OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
-    Opt("model", str, "llama-3.1-8b", "Model preset (see `servesim list`)."),
-    Opt("gpu", str, "h100-sxm", "GPU preset (see `servesim list`)."),
+    Opt("model", str, "llama-3.1-8b", "Model preset (see `servesim list`), or a Hugging "
+        "Face config.json or a folder holding one (a local snapshot; `servesim inspect` "
+        "shows what is derived from it)."),
+    Opt("gpu", str, "h100-sxm", "GPU preset (see `servesim list`) or a GPU spec file "
+        "(.json or .toml; keys as in calibration/data/gpus.json)."),
     Opt("dtype", str, "bf16", "Weights and KV dtype: bf16, fp16, fp32."),
+    Opt("quantization", str | None, None, "Weight quantization, vLLM's --quantization: "
+        "fp8, compressed-tensors, awq, gptq (default: the checkpoint's quantization_config, "
+        "else none; awq and gptq without one: 4-bit, groups of 128)."),
+    Opt("kv_cache_dtype", str, "auto", "KV-cache dtype, vLLM's --kv-cache-dtype: auto "
+        "(the model dtype) or fp8 (1 byte per element; also fp8_e4m3, fp8_e5m2)."),
     Opt("policy", str, "chunked", "Scheduling policy: chunked, continuous, static, or "
         "module:Class (module may be a path/to/file.py).", "static,continuous,chunked"),
-    Opt("max_num_seqs", int, 256, "Most requests per batch.", "16,32,64,128,256"),
-    Opt("max_num_batched_tokens", int, 8192, "Token budget per step.", "2048,8192"),
+    Opt("max_num_seqs", int | None, None, "Most requests per batch (default: vLLM's API "
+        "server's for the GPU: 1024 on H100/H200/B200-class, else 256).", "16,32,64,128,256"),
+    Opt("max_num_batched_tokens", int | None, None, "Token budget per step (default: vLLM's "
+        "API server's for the GPU: 16384 from 160 GiB, 8192 on H100/H200, else 2048; at "
+        "least max_model_len for continuous and static, which never chunk).", "2048,8192"),
     Opt("gpu_memory_utilization", float, 0.9,
         "Fraction of GPU memory the engine may use, in (0, 1].", "0.7,0.8,0.9"),
     Opt("block_size", int, 16, "Tokens per KV block."),
@@ -64,6 +76,10 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "Most tokens per request (default: the model's context length)."),
     Opt("num_gpu_blocks", int | None, None,
         "Override the KV block count (vLLM's num_gpu_blocks_override)."),
+    Opt("kv_cache_memory_bytes", int | None, None,
+        "KV cache size in bytes per GPU, instead of the budget from "
+        "gpu_memory_utilization (vLLM's --kv-cache-memory).",
+        flags=("--kv-cache-memory", "--kv-cache-memory-bytes")),
     Opt("long_prefill_token_threshold", int, 0,
         "Cap of one request's prefill chunk per step (0 = off).", "0,512,2048"),
     Opt("scheduler_reserve_full_isl", bool, True,
@@ -113,9 +129,10 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
     Opt("trace_sample", bool, False,
         "Draw --num-requests at random from the whole trace (seeded) instead of taking "
         "the first ones; shuffled when re-timed."),
-    Opt("prefix_cache", str, "none", "Prefix caching: none, block (vLLM's block-hash cache) "
-        "or radix (SGLang's radix tree); prompts share blocks by Mooncake hash_ids or a "
-        "scenario's prompt segments (docs/prefix_caching.md).", "none,block,radix"),
+    Opt("prefix_cache", str | None, None, "Prefix caching: none, block (vLLM's block-hash "
+        "cache) or radix (SGLang's radix tree); prompts share blocks by Mooncake hash_ids or "
+        "a scenario's prompt segments (docs/prefix_caching.md). Default: vLLM's, block where "
+        "prompts carry content, else none (no hits possible).", "none,block,radix"),
 )}
 
 #: The API server's term (calibration/frontend.py): options of the commands that compare
@@ -129,6 +146,21 @@ FRONTEND_OPTIONS: tuple[Opt, ...] = (
         "API server cost per output token after the first, in seconds (detokenization, "
         "streaming); added to every simulated ITL, to TPOT, and n - 1 times to E2E."),
 )
+
+
+#: The config file of the commands that simulate: not a RunConfig field (config_options
+#: reads it under the flags given).
+CONFIG_OPTION = Opt(
+    "config", Path | None, None, "Settings from a file, under the flags given: servesim's "
+    "options in YAML or TOML (names with - or _), a vLLM serve --config YAML (its keys "
+    "that mean the same are read, the rest named and ignored), or a run's config.json "
+    "(reproduces that run; says so when its trace has changed).")
+
+#: vLLM's spelling of the prefix-cache switch: sets prefix_cache (config_options).
+PREFIX_SWITCH = Opt(
+    "enable_prefix_caching", bool | None, None, "vLLM's switch: on = --prefix-cache block, "
+    "off = none (default: vLLM's, on where prompts carry content).",
+    flags=("--enable-prefix-caching/--no-enable-prefix-caching",))
 
 
 def list_form(opt: Opt) -> Opt:
@@ -183,3 +215,94 @@ def with_options(*opts: Opt) -> Callable[[F], F]:
             parameters=[*(o.parameter() for o in opts), *own])
         return command
     return add
+
+
+def config_options(ctx: typer.Context, opts: dict[str, Any],
+                   list_forms: Collection[str] = ()) -> dict[str, Any]:
+    """A command's option values with those of its ``--config`` file where no flag was
+    given (``ctx``, the command's context, says which were), and
+    ``--[no-]enable-prefix-caching`` as ``prefix_cache``; sim/app/runs/config_file.py reads
+    the file. ``list_forms`` are the options the command takes
+    comma-separated (sweep's and plan's axes). Prints the file's warnings (ignored keys,
+    a changed trace) on stderr, one line each; bad input exits with one line (fail)."""
+    from sim.app.cli.common import INPUT_ERRORS, err_console, fail
+
+    try:
+        opts, warnings = _with_file(dict(opts), _given(ctx, opts), set(list_forms))
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    for line in warnings:
+        err_console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
+    return opts
+
+
+def _with_file(opts: dict[str, Any], given: set[str],
+               list_forms: set[str]) -> tuple[dict[str, Any], list[str]]:
+    """config_options' work: the merged values and the warnings; ValueError or OSError
+    for a bad file or contradicting flags."""
+    from sim.app.runs.config_file import read_config, trace_change
+
+    path, switch = opts.pop("config", None), opts.pop("enable_prefix_caching", None)
+    if switch is not None:
+        _switch(opts, switch, "prefix_cache" in given)
+        given.add("prefix_cache")
+    if path is None:
+        return opts, []
+    seeds = "seeds" in opts  # sweep's and plan's list of seeds reads a file's seed
+    cf = read_config(path, set(opts) | ({"seed"} if seeds else set()))
+    warnings = list(cf.notes)
+    if cf.ignored:
+        warnings.append(f"config {path}: ignored, not options of this command: "
+                        + ", ".join(cf.ignored))
+    for name, value in cf.values.items():
+        name = "seeds" if name == "seed" and seeds else name
+        if name not in given:
+            opts[name] = _value(name, value, name in list_forms or name == "seeds")
+    from_file = "trace" in cf.values and "trace" not in given
+    changed = trace_change(cf, opts["trace"]) if from_file else None
+    if changed is not None:
+        warnings.append(changed)
+    return opts, warnings
+
+
+def _given(ctx: typer.Context, opts: Mapping[str, Any]) -> set[str]:
+    """The options given on the command line (or by environment), as click records
+    them in the command's context (its ParameterSource, read by name: typer may bring
+    its own copy of click)."""
+    sources = {n: ctx.get_parameter_source(n) for n in opts}
+    return {n for n, s in sources.items()
+            if s is not None and s.name not in ("DEFAULT", "DEFAULT_MAP")}
+
+
+def _switch(opts: dict[str, Any], on: bool, prefix_cache_given: bool) -> None:
+    """--[no-]enable-prefix-caching: prefix_cache block or none; with --prefix-cache
+    given too, each of its modes must agree (radix is a prefix cache on)."""
+    if not prefix_cache_given:
+        opts["prefix_cache"] = "block" if on else "none"
+        return
+    modes = [m.strip() for m in str(opts["prefix_cache"]).split(",")]
+    if not all((m != "none") == on for m in modes):
+        flag = "--enable-prefix-caching" if on else "--no-enable-prefix-caching"
+        raise ValueError(f"{flag} contradicts --prefix-cache {opts['prefix_cache']}")
+
+
+def _value(name: str, value: Any, listed: bool) -> Any:
+    """A file's ``value`` for option ``name``: comma-separated text for a list form,
+    else checked against the option's type (an int is a float; ValueError otherwise)."""
+    if listed:
+        items = value if isinstance(value, list) else [value]
+        return ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in items)
+    opt = {**OPTIONS, **{o.name: o for o in FRONTEND_OPTIONS}}.get(name)
+    if opt is None or value is None:
+        return value
+    types = get_args(opt.type) or (opt.type,)
+    if isinstance(value, int) and not isinstance(value, bool) and float in types:
+        return float(value)
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    else:
+        ok = any(isinstance(value, t) for t in types if t is not type(None))
+    if not ok:
+        wanted = " or ".join(t.__name__ for t in types if t is not type(None))
+        raise ValueError(f"config: {name} must be {wanted}, got {value!r}")
+    return value

@@ -12,12 +12,20 @@ import typer
 from rich.table import Table
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
-from sim.app.cli.options import OPTIONS, declare, with_options
+from sim.app.cli.options import (
+    CONFIG_OPTION,
+    OPTIONS,
+    PREFIX_SWITCH,
+    config_options,
+    declare,
+    with_options,
+)
 from sim.app.cli.tables import headline_table, replica_table, scale_out_line, summary_table
 
 
-@with_options(*declare(OPTIONS))
+@with_options(*declare(OPTIONS), PREFIX_SWITCH, CONFIG_OPTION)
 def run(
+    ctx: typer.Context,
     compare: Annotated[str | None, typer.Option(
         help="Run the same workload through several cells, POLICY[:MODIFIER]... separated "
              "by commas (e.g. static,continuous,chunked or chunked:paged,chunked:reserve); "
@@ -37,6 +45,7 @@ def run(
     from sim.app.runs.compare import parse_cells
     from sim.app.runs.runner import RunConfig, prepare
 
+    opts = config_options(ctx, opts)
     try:
         cfg = RunConfig(**opts)
         cells = parse_cells(compare) if compare is not None else None
@@ -92,7 +101,7 @@ def _print_engine(prep: Any) -> None:
 
 def _single(prep: Any, out: Path, full_steps: bool) -> None:
     """Simulate the one run, write its directory and print its tables."""
-    from sim.app.runs.runner import write_run
+    from sim.app.runs.run_files import write_run
     from sim.engine import SchedulerStuck
 
     try:

@@ -13,15 +13,21 @@ from typing import Annotated, Any
 import typer
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
-from sim.app.cli.options import FRONTEND_OPTIONS, declare, with_options
+from sim.app.cli.options import (
+    CONFIG_OPTION,
+    FRONTEND_OPTIONS,
+    config_options,
+    declare,
+    with_options,
+)
 
 FRONTEND_NAMES = tuple(o.name for o in FRONTEND_OPTIONS)
 _AGAINST_COST = "With --against only (prices the simulation instead of a profile): "
 
 
 @with_options(*declare(
-    ("profile", "model", "gpu", "dtype", "step_time", "tensor_parallel_size", "policy",
-     "scenario", "trace", "trace_format", "arrival", "rate",
+    ("profile", "model", "gpu", "dtype", "quantization", "kv_cache_dtype", "step_time",
+     "tensor_parallel_size", "policy", "scenario", "trace", "trace_format", "arrival", "rate",
      "burstiness", "num_requests", "window", "time_scale", "max_tokens", "trace_sample",
      "seed", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks",
      "long_prefill_token_threshold", "queue", "preemption_mode"),
@@ -31,6 +37,10 @@ _AGAINST_COST = "With --against only (prices the simulation instead of a profile
     model={"default": None, "help": _AGAINST_COST + "the roofline of this model preset."},
     gpu={"default": None, "help": _AGAINST_COST + "the roofline on this GPU preset."},
     dtype={"default": None, "help": _AGAINST_COST + "the roofline's weights and KV dtype."},
+    quantization={"help": "With --against: the deployment's weight quantization (vLLM's "
+                          "--quantization: fp8, compressed-tensors, awq, gptq)."},
+    kv_cache_dtype={"default": None, "help": "With --against: the deployment's KV-cache "
+                                             "dtype (vLLM's --kv-cache-dtype: auto, fp8)."},
     step_time={"help": _AGAINST_COST + "a constant step time in seconds."},
     scenario={"help": "Built-in scenario (e.g. cpu-chat; see `servesim list`)."},
     seed={"help": "Workload (and prompt token) seed."},
@@ -40,8 +50,10 @@ _AGAINST_COST = "With --against only (prices the simulation instead of a profile
                             "help": "Token budget per step (default: the profile grid's)."},
     max_model_len={"help": "Most tokens per request (default: the profile grid's max "
                            "context)."}),
-    *(dataclasses.replace(o, help=f"With --against: {o.help}") for o in FRONTEND_OPTIONS))
+    *(dataclasses.replace(o, help=f"With --against: {o.help}") for o in FRONTEND_OPTIONS),
+    CONFIG_OPTION)
 def validate(
+    ctx: typer.Context,
     engine: Annotated[str, typer.Option(
         help="What runs for real: vllm (a vLLM V1 engine in its own process, --python, its "
              "own scheduler deciding), torch (servesim's decoder executing the simulated "
@@ -78,10 +90,10 @@ def validate(
     simulation) and executed for real on the device; write validation.json,
     validation.html and both run directories to --out, and print the error table.
     With --against, the second run is a vllm bench serve result instead."""
+    opts = config_options(ctx, opts)
     if against is not None:
         if engine != "auto" or python is not None or also_profile is not None:
-            fail("engine, python and also_profile apply to a real run here, not with "
-                 "--against")
+            fail("engine, python and also_profile apply to a real run here, not with --against")
         _validate_against(against, out, fit_frontend, device, timer, repeats, opts)
         return
     try:
@@ -99,14 +111,7 @@ def validate(
         return
     from sim.app.reports.validation_page import check_validation_out, write_validation
     from sim.app.runs.against import check_without_against
-    from sim.app.runs.validate import (
-        error_table,
-        prepare_validation,
-        run_validation,
-        schedule_line,
-        step_error_line,
-        validation_config,
-    )
+    from sim.app.runs.validate import prepare_validation, run_validation, validation_config
     from sim.engine import SchedulerStuck
 
     try:
@@ -130,6 +135,15 @@ def validate(
              "pip install 'servesim[calibration]'")
     except (SchedulerStuck, *INPUT_ERRORS) as e:
         fail(str(e))
+    _print_torch(data, out)
+
+
+def _print_torch(data: dict[str, Any], out: Path) -> None:
+    """The torch engine's run: a device warning, the error table and its lines."""
+    from sim.app.runs.validate import error_table, schedule_line, step_error_line
+
+    if data["real"]["device_note"]:
+        console.print(f"warning: {data['real']['device_note']}", markup=False, highlight=False)
     console.print(error_table(data))
     console.print(step_error_line(data), highlight=False)
     console.print(schedule_line(data), highlight=False)

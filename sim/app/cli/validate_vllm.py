@@ -63,6 +63,8 @@ def _print(data: dict[str, Any], out: Path) -> None:
     def plain(line: str) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    if data["real"]["device_note"]:
+        plain(f"warning: {data['real']['device_note']}")
     if (line := rejected_line(data)) is not None:
         plain(line)
     console.print(error_table(data, title="simulation vs the vLLM engine"))

@@ -28,7 +28,8 @@ import numpy as np
 from sim.app.reports.html_page import page, table
 from sim.app.reports.report import COLOURS, cdf_points
 from sim.app.runs.out_dir import check_files, check_run_dir, commit_dirs, discard, write_files
-from sim.app.runs.runner import Prepared, stage_run
+from sim.app.runs.run_files import stage_run
+from sim.app.runs.runner import Prepared
 
 if TYPE_CHECKING:
     from sim.app.runs.against import Against

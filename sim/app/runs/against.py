@@ -24,7 +24,8 @@ import numpy as np
 
 from calibration.frontend import Frontend, FrontendFit, fit_frontend
 from scenarios.vllm_bench import BenchResult, read_result
-from sim.app.runs.runner import Prepared, RunConfig, prepare, resolved_config, simulate_prepared
+from sim.app.runs.run_files import resolved_config
+from sim.app.runs.runner import Prepared, RunConfig, prepare, simulate_prepared
 from sim.app.runs.validate import (
     FORMAT,
     METRICS,
@@ -49,8 +50,8 @@ WORKLOAD_OPTIONS = ("scenario", "trace", "trace_format", "arrival", "rate", "bur
 COST_OPTIONS = ("step_time", "model", "gpu", "dtype")
 #: Options that mean something only against a result (the real run takes the profile's
 #: model and dtype, and has no API server).
-AGAINST_ONLY = ("model", "gpu", "dtype", "frontend_ttft_s", "frontend_token_s",
-                "fit_frontend")
+AGAINST_ONLY = ("model", "gpu", "dtype", "quantization", "kv_cache_dtype", "frontend_ttft_s",
+                "frontend_token_s", "fit_frontend")
 
 
 def check_without_against(**given: Any) -> None:

@@ -22,7 +22,8 @@ from rich.table import Table
 
 from policies.registry import POLICIES, get_policy_class
 from sim.app.runs.out_dir import check_run_dir, commit_dirs, discard
-from sim.app.runs.runner import Prepared, RunConfig, check_router, stage_run
+from sim.app.runs.run_files import stage_run
+from sim.app.runs.runner import Prepared, RunConfig, check_router, prefix_cache_mode
 from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, PREFIX_CACHE_MODES, QUEUE_ORDERS
 from sim.simulate import SimResult
 
@@ -95,9 +96,11 @@ def cell_config(base: RunConfig, cell: Cell) -> RunConfig:
 def cell_prepared(base: Prepared, cell: Cell) -> Prepared:
     """The base run with the cell's policy and overrides; the workload object is shared,
     so every cell simulates exactly the same requests."""
-    overrides: dict[str, Any] = dict(cell.overrides)
+    cfg = cell_config(base.config, cell)
+    overrides: dict[str, Any] = {**cell.overrides,
+                                 "prefix_cache": prefix_cache_mode(cfg, base.workload)}
     sched = dataclasses.replace(base.scheduler, **overrides)
-    return dataclasses.replace(base, config=cell_config(base.config, cell), scheduler=sched)
+    return dataclasses.replace(base, config=cfg, scheduler=sched)
 
 
 def run_compare(

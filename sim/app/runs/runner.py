@@ -6,34 +6,30 @@ all four packages."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from calibration.gpus import get_gpu
+from calibration.hf_config import deployed, resolve_model
 from calibration.memory import KVCachePlan, check_max_model_len, plan_for
+from calibration.quantization import check_kv_cache_dtype, check_quantization_name
 from calibration.roofline import RooflineCostModel
-from calibration.specs import DTYPE_BYTES, GIB, ModelSpec, get_model
+from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 from policies.registry import get_policy_class
 from policies.routers import ROUTERS, check_prefix_cache, make_router
 from scenarios.build import build_workload
 from scenarios.workload import Workload
-from sim.app.runs.out_dir import commit_dirs, stage_dir
+from sim.app.runs.config_file import absolute_paths
+from sim.app.runs.defaults import batch_limits, default_prefix_cache
 from sim.app.runs.prompt_content import prompt_content, workload_segments
 from sim.config import PREFIX_CACHE_MODES, SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import ReleaseHook, StepExecutor, StepObserver
-from sim.metrics import compress_steps
 from sim.simulate import SimResult, simulate
 from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals
-from sim.table import write_csv
-
-VERSION = "0.1.0"
 
 #: Host <-> GPU copy rate for swap preemption, GB/s: PCIe 4.0 x16 is 16 GT/s x 16 lanes
 #: with 128b/130b encoding = 31.5 GB/s a direction (PCI-SIG PCIe 4.0 base specification);
@@ -43,18 +39,23 @@ PCIE_BANDWIDTH_GB_S = 25.0
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything a run depends on; written to config.json. None means "derive"."""
+    """Everything a run depends on; written to config.json. None means "derive":
+    max_num_seqs and max_num_batched_tokens as vLLM's API server sets them for the GPU,
+    prefix_cache as vLLM does (sim/app/runs/defaults.py)."""
 
     model: str = "llama-3.1-8b"
     gpu: str = "h100-sxm"
     dtype: str = "bf16"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     policy: str = "chunked"
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_model_len: int | None = None
     num_gpu_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
     long_prefill_token_threshold: int = 0
     scheduler_reserve_full_isl: bool = True
     max_tokens: int | None = None
@@ -83,7 +84,7 @@ class RunConfig:
     concurrency: int | None = None
     think_time: float = 0.0
     trace_sample: bool = False
-    prefix_cache: str = "none"
+    prefix_cache: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -91,6 +92,8 @@ class RunConfig:
                              f"{self.gpu_memory_utilization}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
+        check_quantization_name(self.quantization)
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if not (self.swap_space >= 0 and math.isfinite(self.swap_space)):
             raise ValueError(f"swap_space must be a finite number >= 0 GiB, got {self.swap_space}")
         if not (self.pcie_bandwidth > 0 and math.isfinite(self.pcie_bandwidth)):
@@ -111,6 +114,8 @@ class RunConfig:
 def _check_prefix_cache(cfg: RunConfig) -> None:
     """Validate prefix_cache against the policy (the scheduler config checks the queue
     and the KV allocation)."""
+    if cfg.prefix_cache is None:
+        return
     if cfg.prefix_cache not in PREFIX_CACHE_MODES:
         raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}, "
                          f"got {cfg.prefix_cache!r}")
@@ -121,12 +126,16 @@ def _check_prefix_cache(cfg: RunConfig) -> None:
                          "continuous): static batching pads and computes every prompt")
 
 
-def check_router(cfg: RunConfig) -> None:
+def check_router(cfg: RunConfig, prefix_cache: str | None = None) -> None:
     """Raise ValueError when the router needs what the run lacks: ``cache-aware`` routes
     by the replicas' prefix caches. Checked where a run's final config is known (a
     compare cell or a sweep cell may bring the cache), not in RunConfig itself; the rule
-    is the router's (policies/routers.py check_prefix_cache, which its start applies)."""
-    check_prefix_cache(cfg.router, cfg.prefix_cache != "none")
+    is the router's (policies/routers.py check_prefix_cache, which its start applies).
+    ``prefix_cache`` is the run's mode where known (its scheduler's), else the config's;
+    a default (None) is decided with the workload (prepare), so it passes here."""
+    mode = prefix_cache or cfg.prefix_cache
+    if mode is not None:
+        check_prefix_cache(cfg.router, mode != "none")
 
 
 #: Most replicas one run simulates (each has its own engine, pool and records in memory).
@@ -171,6 +180,7 @@ class Prepared:
     num_gpu_blocks: int
     kv_plan: KVCachePlan | None
     cost_model_label: str
+    model: ModelSpec | None = None
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -178,8 +188,19 @@ def prepare(cfg: RunConfig) -> Prepared:
 
     Raises ValueError (one line naming the field) or FileNotFoundError on bad input.
     """
-    cfg, sched, num_blocks, plan, cost, label = _engine(cfg)
-    return Prepared(cfg, sched, _workload(cfg), cost, num_blocks, plan, label)
+    cfg, sched, num_blocks, plan, cost, label, model = _engine(cfg)
+    w = _workload(cfg)
+    if cfg.prefix_cache is None:
+        sched = dataclasses.replace(sched, prefix_cache=prefix_cache_mode(cfg, w))
+    check_router(cfg, sched.prefix_cache)  # before anything is printed or run
+    return Prepared(cfg, sched, w, cost, num_blocks, plan, label, model)
+
+
+def prefix_cache_mode(cfg: RunConfig, w: Workload) -> str:
+    """The run's prefix cache: the config's, else vLLM's default for its policy, pool
+    and workload (sim/app/runs/defaults.py)."""
+    has_content = w.prompt_segments is not None or w.hash_ids is not None
+    return cfg.prefix_cache or default_prefix_cache(cfg.policy, cfg.kv_allocation, has_content)
 
 
 def check_config(cfg: RunConfig, workload: bool = True) -> RunConfig:
@@ -193,11 +214,11 @@ def check_config(cfg: RunConfig, workload: bool = True) -> RunConfig:
     return cfg
 
 
-def check_workload(cfg: RunConfig) -> None:
+def check_workload(cfg: RunConfig) -> Workload:
     """Raise what building ``cfg``'s workload would raise (built with at most 8
-    requests; a trace is still read whole)."""
+    requests; a trace is still read whole); return that workload."""
     n = cfg.num_requests
-    _workload(dataclasses.replace(cfg, num_requests=8 if n is None else min(n, 8)))
+    return _workload(dataclasses.replace(cfg, num_requests=8 if n is None else min(n, 8)))
 
 
 def _workload(cfg: RunConfig) -> Workload:
@@ -211,20 +232,32 @@ def _workload(cfg: RunConfig) -> Workload:
 
 
 def _engine(cfg: RunConfig) -> tuple[RunConfig, SchedulerConfig, int, KVCachePlan,
-                                     CostModel, str]:
-    """prepare's engine side: the config (with a profile's model), scheduler config,
-    number of GPU blocks, KV plan and cost model with its label."""
+                                     CostModel, str, ModelSpec]:
+    """prepare's engine side: the config (with a profile's model, absolute file paths
+    and vLLM's batch limits where unset), scheduler config, number of GPU blocks, KV plan
+    and cost model with its label, and the model's spec as deployed (quantization, KV
+    cache dtype)."""
+    cfg = dataclasses.replace(cfg, **absolute_paths(cfg.trace, cfg.profile, cfg.policy,
+                                                    cfg.model, cfg.gpu))
     if cfg.profile is not None:
         cfg, model = _with_profile_model(cfg)
     else:
-        model = get_model(cfg.model)
+        model = resolve_model(cfg.model)
+    model = deployed(model, cfg.quantization, cfg.kv_cache_dtype)
     gpu = get_gpu(cfg.gpu)
     get_policy_class(cfg.policy)
     max_model_len = (model.max_position_embeddings if cfg.max_model_len is None
                      else cfg.max_model_len)
+    if cfg.max_num_seqs is None or cfg.max_num_batched_tokens is None:
+        lim = batch_limits(gpu, cfg.policy, max_model_len, cfg.max_num_seqs,
+                           cfg.max_num_batched_tokens)
+        cfg = dataclasses.replace(cfg, max_num_seqs=lim.max_num_seqs,
+                                  max_num_batched_tokens=lim.max_num_batched_tokens)
+    assert cfg.max_num_seqs is not None and cfg.max_num_batched_tokens is not None
     plan = plan_for(model, gpu, cfg.dtype, cfg.gpu_memory_utilization,
                     cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.block_size,
-                    tensor_parallel_size=cfg.tensor_parallel_size)
+                    tensor_parallel_size=cfg.tensor_parallel_size,
+                    kv_cache_memory_bytes=cfg.kv_cache_memory_bytes)
     if cfg.num_gpu_blocks is not None:
         num_blocks = cfg.num_gpu_blocks
         if num_blocks < 2:
@@ -244,10 +277,10 @@ def _engine(cfg: RunConfig) -> tuple[RunConfig, SchedulerConfig, int, KVCachePla
             DTYPE_BYTES[cfg.dtype], cfg.tensor_parallel_size) * cfg.block_size,
         swap_space_bytes=int(cfg.swap_space * GIB),
         pcie_bandwidth_bytes_per_s=cfg.pcie_bandwidth * 1e9,
-        prefix_cache=cfg.prefix_cache,
+        prefix_cache=cfg.prefix_cache or "none",
     )
     cost, label = _cost_model(cfg, model, gpu)
-    return cfg, sched, num_blocks, plan, cost, label
+    return cfg, sched, num_blocks, plan, cost, label, model
 
 
 def _with_profile_model(cfg: RunConfig) -> tuple[RunConfig, ModelSpec]:
@@ -290,7 +323,7 @@ def simulate_prepared(
     real and times it instead of the cost model (sim.engine.StepExecutor; validation);
     ``fast_path`` False runs the step-by-step reference (sim/fastpath.py)."""
     w, cfg = prep.workload, prep.config
-    check_router(cfg)
+    check_router(cfg, prep.scheduler.prefix_cache)
     arrivals, on_release = arrival_source(prep)
     span = float(w.arrival_time[-1] - w.arrival_time[0]) if len(w) else 0.0
     common: dict[str, Any] = dict(
@@ -320,7 +353,7 @@ def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
     arrivals (open loop), or closed-loop users over its rows (``concurrency``)."""
     w, cfg = prep.workload, prep.config
     content = (prompt_content(w, cfg.block_size, cfg.replicas)
-               if cfg.prefix_cache != "none" else None)
+               if prep.scheduler.prefix_cache != "none" else None)
     if cfg.concurrency is None:
         return ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
                               w.max_tokens, w.priority, w.request_id, content), None
@@ -328,49 +361,3 @@ def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
                              cfg.concurrency, cfg.think_time, w.priority, w.request_id,
                              content)
     return src, src.release
-
-
-def resolved_config(prep: Prepared) -> dict[str, Any]:
-    """config.json: the flags as resolved, plus what was derived from them."""
-    out: dict[str, Any] = {"servesim_version": VERSION, **dataclasses.asdict(prep.config)}
-    out["resolved"] = {
-        "max_model_len": prep.scheduler.max_model_len,
-        "num_gpu_blocks": prep.num_gpu_blocks,
-        "kv_capacity_tokens": prep.num_gpu_blocks * prep.config.block_size,
-        "num_gpus": prep.config.replicas * prep.config.tensor_parallel_size,
-        "cost_model": prep.cost_model_label,
-        "workload": prep.workload.source,
-        "num_requests": len(prep.workload),
-        "kv_plan": dataclasses.asdict(prep.kv_plan) if prep.kv_plan else None,
-    }
-    return out
-
-
-def write_run(out_dir: Path, prep: Prepared, result: SimResult,
-              full_steps: bool = False) -> None:
-    """Write requests.csv, steps.csv, summary.json and config.json into ``out_dir``,
-    whole or not at all (sim/app/runs/out_dir.py: staged in a temporary sibling that replaces
-    ``out_dir`` once every file is complete). steps.csv is run-length compressed
-    (metrics.compress_steps) unless ``full_steps``; its ``num_steps`` column says how many
-    steps each row stands for. Raises ValueError when ``out_dir`` may not be replaced
-    (out_dir.check_run_dir: a file, the current directory, or a directory that is not a
-    previous run)."""
-    commit_dirs([(stage_run(out_dir, prep, result, full_steps), Path(out_dir))])
-
-
-def stage_run(out_dir: Path, prep: Prepared, result: SimResult,
-              full_steps: bool = False) -> Path:
-    """write_run's files in a temporary sibling of ``out_dir``, returned for
-    out_dir.commit_dirs (which swaps it in), so that several runs can be swapped in
-    together once all are written."""
-
-    def write(tmp: Path) -> None:
-        write_csv(tmp / "requests.csv", result.request_table)
-        st = result.step_table
-        steps = ({**st, "num_steps": np.ones(len(st["start_time"]), dtype=np.int64)}
-                 if full_steps else compress_steps(st))
-        write_csv(tmp / "steps.csv", steps)
-        (tmp / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
-        (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
-
-    return stage_dir(out_dir, write)

@@ -27,6 +27,7 @@ from sim.app.runs.runner import (
     check_config,
     check_router,
     check_workload,
+    prefix_cache_mode,
     prepare,
     simulate_prepared,
 )
@@ -257,7 +258,11 @@ def check_router_cells(base: RunConfig, grid: Grid) -> None:
     the base's), before anything runs; ValueError naming the axis."""
     for mode in grid.axes.get("prefix_cache", (base.prefix_cache,)):
         try:
-            check_router(dataclasses.replace(base, prefix_cache=mode))
+            cfg = dataclasses.replace(base, prefix_cache=mode)
+            try:
+                check_router(cfg, mode or "none")
+            except ValueError:  # a router that needs a cache: has the default one?
+                check_router(cfg, mode or prefix_cache_mode(cfg, check_workload(cfg)))
         except ValueError as e:
             raise ValueError(f"prefix_cache {mode!r}: {e}") from None
 

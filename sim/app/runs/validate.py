@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from sim.app.runs.run_files import resolved_config
 from sim.app.runs.runner import (
     Prepared,
     RunConfig,
     prepare,
-    resolved_config,
     simulate_prepared,
 )
 
@@ -166,6 +166,7 @@ class Validation:
     timer: str
     capacity: int
     wall_s: dict[str, float]
+    device_note: str | None = None
 
 
 def _schedule_recorder(out: list[tuple[tuple[str, int], ...]]) -> Callable[..., None]:
@@ -215,8 +216,13 @@ def run_validation(prep: Prepared, real: RealSetup,
         "num_prefill_tokens": st["num_prefill_tokens"].to_numpy(),
         "num_decode_tokens": st["num_decode_tokens"].to_numpy(),
     })
+    from calibration.measure import device_mismatch
+    from calibration.profile import load_profile
+
+    note = (device_mismatch(load_profile(prep.config.profile).device_name, ex.device_name)
+            if prep.config.profile else None)
     return Validation(predicted, measured, steps, (pred_sched, meas_sched), real, ex.timer,
-                      capacity, {"predicted": t1 - t0, "measured": t2 - t1})
+                      capacity, {"predicted": t1 - t0, "measured": t2 - t1}, note)
 
 
 # -- the comparison ---------------------------------------------------------------------
@@ -312,7 +318,8 @@ def validation_dict(prep: Prepared, v: Validation) -> dict[str, Any]:
                  "threads": s.threads, "timer": v.timer, "repeats": s.repeats,
                  "seed": s.seed,
                  "cache_capacity_tokens": v.capacity,
-                 "profile_device_name": prof.device_name if prof else None},
+                 "profile_device_name": prof.device_name if prof else None,
+                 "device_note": v.device_note},
         "wall_s": {k: round(x, 3) for k, x in v.wall_s.items()},
         "errors": error_rows(v.predicted.summary, v.measured.summary),
         "step_error": step_error(v.steps["predicted_s"], v.steps["measured_s"]),

@@ -184,7 +184,7 @@ def replay_request(prep: Prepared, setup: VllmSetup, model_dir: str) -> dict[str
         "num_gpu_blocks_override": prep.num_gpu_blocks,
         "kv_cache_memory_bytes": (prep.num_gpu_blocks * setup.block_size * per_token
                                   if setup.device == "cpu" else None),
-        "enable_prefix_caching": cfg.prefix_cache == "block",
+        "enable_prefix_caching": sched.prefix_cache == "block",
         "scheduling_policy": "priority" if cfg.queue == "priority" else "fcfs",
         "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
         "scheduler_reserve_full_isl": cfg.scheduler_reserve_full_isl,

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.app.runs.runner import Prepared, resolved_config
+from sim.app.runs.run_files import resolved_config
+from sim.app.runs.runner import Prepared
 from sim.app.runs.validate_vllm import AlsoPriced, Schedule, VllmValidation
 
 TARGET = "vllm-engine"
@@ -104,7 +105,20 @@ def _real(prep: Prepared, v: VllmValidation) -> dict[str, Any]:
             "repeats": 1, "seed": s.seed, "block_size": s.block_size,
             "num_gpu_blocks": prep.num_gpu_blocks, "warmup_requests": s.warmup_requests,
             "python": s.python, "device_name": v.facts.get("device_name"),
-            "startup_s": v.facts.get("startup_s")}
+            "startup_s": v.facts.get("startup_s"), "device_note": _device_note(prep, v)}
+
+
+def _device_note(prep: Prepared, v: VllmValidation) -> str | None:
+    """Why the profile may not price this machine's steps (calibration.measure
+    device_mismatch), or None."""
+    from calibration.measure import device_mismatch
+    from calibration.profile import load_profile
+    from calibration.vllm_measure import with_cpu_kind
+
+    if prep.config.profile is None or v.facts.get("device_name") is None:
+        return None
+    here = with_cpu_kind(str(v.facts["device_name"]), v.facts.get("cpu_capability"))
+    return device_mismatch(load_profile(prep.config.profile).device_name, here)
 
 
 def _request_columns(prep: Prepared, v: VllmValidation, pos: np.ndarray) -> dict[str, Any]:

@@ -1,0 +1,70 @@
+"""A run directory's files: requests.csv, steps.csv (run-length compressed unless asked
+otherwise), summary.json and config.json, the resolved config that reproduces the run
+(sim/app/runs/config_file.py reads it back), written whole or not at all."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.app.runs.config_file import VERSION, trace_record
+from sim.app.runs.out_dir import commit_dirs, stage_dir
+from sim.app.runs.runner import Prepared
+from sim.metrics import compress_steps
+from sim.simulate import SimResult
+from sim.table import write_csv
+
+
+def resolved_config(prep: Prepared) -> dict[str, Any]:
+    """config.json: the flags as resolved, the trace file's size and sha256, and what was
+    derived from them (sim/app/runs/config_file.py reads it back)."""
+    cfg = prep.config
+    out: dict[str, Any] = {"servesim_version": VERSION, **dataclasses.asdict(cfg),
+                           **trace_record(cfg.trace)}
+    out["resolved"] = {
+        "max_model_len": prep.scheduler.max_model_len,
+        "num_gpu_blocks": prep.num_gpu_blocks,
+        "kv_capacity_tokens": prep.num_gpu_blocks * cfg.block_size,
+        "num_gpus": cfg.replicas * cfg.tensor_parallel_size,
+        "cost_model": prep.cost_model_label,
+        "workload": prep.workload.source,
+        "num_requests": len(prep.workload),
+        "prefix_cache": prep.scheduler.prefix_cache,
+        "kv_plan": dataclasses.asdict(prep.kv_plan) if prep.kv_plan else None,
+        "model_spec": dataclasses.asdict(prep.model) if prep.model else None,
+    }
+    return out
+
+
+def write_run(out_dir: Path, prep: Prepared, result: SimResult,
+              full_steps: bool = False) -> None:
+    """Write requests.csv, steps.csv, summary.json and config.json into ``out_dir``,
+    whole or not at all (sim/app/runs/out_dir.py: staged in a temporary sibling that replaces
+    ``out_dir`` once every file is complete). steps.csv is run-length compressed
+    (metrics.compress_steps) unless ``full_steps``; its ``num_steps`` column says how many
+    steps each row stands for. Raises ValueError when ``out_dir`` may not be replaced
+    (out_dir.check_run_dir: a file, the current directory, or a directory that is not a
+    previous run)."""
+    commit_dirs([(stage_run(out_dir, prep, result, full_steps), Path(out_dir))])
+
+
+def stage_run(out_dir: Path, prep: Prepared, result: SimResult,
+              full_steps: bool = False) -> Path:
+    """write_run's files in a temporary sibling of ``out_dir``, returned for
+    out_dir.commit_dirs (which swaps it in), so that several runs can be swapped in
+    together once all are written."""
+
+    def write(tmp: Path) -> None:
+        write_csv(tmp / "requests.csv", result.request_table)
+        st = result.step_table
+        steps = ({**st, "num_steps": np.ones(len(st["start_time"]), dtype=np.int64)}
+                 if full_steps else compress_steps(st))
+        write_csv(tmp / "steps.csv", steps)
+        (tmp / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
+
+    return stage_dir(out_dir, write)
