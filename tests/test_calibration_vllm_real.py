@@ -77,7 +77,10 @@ def test_real_engine_replays_a_workload_as_servesim_decides(vllm_python: str,
     grid = GridConfig(max_num_seqs=8, max_num_batched_tokens=128, max_context=512, repeats=1)
     m = measure_vllm(spec, grid, VllmSettings(python=vllm_python, config=config),
                      dtype="fp32", progress=False, budget_s=600)
-    save_profile(profile_from_measurement(spec, m, fit_points(m.points)), tmp_path / "p.json")
+    # The check is of decisions, not step prices: a tiny model's one-round fit is kept
+    # whatever its held-out error.
+    fit = fit_points(m.points, force=True)
+    save_profile(profile_from_measurement(spec, m, fit), tmp_path / "p.json")
     cfg = validation_config(str(tmp_path / "p.json"), scenario="cpu-chat", rate=4.0,
                             num_requests=16, max_model_len=128)
     prep, setup = prepare_vllm_validation(cfg, vllm_python)
