@@ -12,7 +12,7 @@ signalled as a whole: no orphaned engine processes).
 
 Run with the Python that has vLLM (stdlib, vllm and tokenizers only; no servesim import):
 
-    /work/vllm-venv/bin/python benchmarks/vllm_serve_cpu.py \\
+    VLLM_VENV/bin/python benchmarks/vllm_serve_cpu.py \\
         benchmarks/data/vllm_serve_cpu_qwen2.5-0.5b-8l.json
     servesim validate --against benchmarks/data/vllm_serve_cpu_qwen2.5-0.5b-8l.json \\
         --profile calibration/profiles/cpu-vllm-qwen2.5-0.5b-8l.json --max-num-seqs 32 \\

@@ -11,7 +11,6 @@ never here.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -136,15 +135,6 @@ def model_spec(model: str, config: Path | None) -> ModelSpec:
     if config is None:
         return get_model(model)
     file = config / "config.json" if config.is_dir() else config
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"--config {file}: cannot read it ({exc.strerror or exc})") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"--config {file}: not a JSON file ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {file}: expected a Hugging Face config.json (a JSON "
-                         f"object), got {type(data).__name__}")
     try:
         return spec_from_hf_config(file)
     except (ValueError, TypeError) as exc:

@@ -28,8 +28,8 @@ PUBLISHED_STEP_LATENCIES = (
 """The table in the source tree."""
 
 TOLERANCE = {"decode": 0.10, "prefill": 0.15}
-"""Largest |relative error| accepted per kind (issue 19's acceptance: 10% of TPOT, 15% of
-prefill time)."""
+"""Largest |relative error| accepted per kind (the accuracy asked of the roofline: 10% of
+TPOT, 15% of prefill time)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,7 +156,7 @@ def test_default_non_torch_bytes() -> None:
 def test_rtx_4090_plans_vllm_0_19_blocks() -> None:
     # vLLM 0.19 on an RTX 4090 (torch total 25,250,627,584 B), Llama-3.1-8B bf16, util 0.9,
     # max_num_seqs 256, max_num_batched_tokens 2048: num_gpu_blocks 2,588 (LLMServingSim
-    # bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json). Issue 19 asks for 2%.
+    # bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json). The plan must land within 2%.
     gpu = get_gpu("rtx-4090")
     assert gpu.total_memory_bytes == 25_250_627_584
     plan = plan_for(get_model("llama-3.1-8b"), gpu, "bf16", 0.9, 2048, 256, 16)

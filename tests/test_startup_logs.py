@@ -53,7 +53,7 @@ def plan_row(row: dict[str, Any]) -> KVCachePlan:
 
 
 def test_the_table_covers_versions_and_gpus() -> None:
-    # Issue 19: at least 10 logs on 4 GPU kinds and 2 vLLM versions, all within 5%.
+    # The table's reach: at least 10 logs on 4 GPU kinds and 2 vLLM versions.
     assert len({row["id"] for row in LOGS}) == len(LOGS)
     assert len(CHECKED) >= 10
     assert len({row["gpu"] for row in CHECKED}) >= 4
