@@ -14,6 +14,7 @@ import pytest
 
 from calibration.grid import REGIONS, GridConfig
 from calibration.hf_config import spec_from_hf_config
+from calibration.specs import ModelSpec
 from calibration.vllm_measure import VllmSettings, measure_vllm
 from tests.test_calibration_vllm import CONFIG
 
@@ -36,12 +37,17 @@ def vllm_python() -> str:
     return PYTHON
 
 
-def test_real_engine_measures_every_point_and_reports_its_facts(vllm_python: str,
-                                                                tmp_path: Path) -> None:
+def tiny_config(tmp_path: Path) -> tuple[Path, ModelSpec]:
+    """The tiny qwen2 config.json written under tmp_path, and its spec."""
     config = tmp_path / "qwen2-tiny" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps(CONFIG))
-    spec = spec_from_hf_config(config)
+    return config, spec_from_hf_config(config)
+
+
+def test_real_engine_measures_every_point_and_reports_its_facts(vllm_python: str,
+                                                                tmp_path: Path) -> None:
+    config, spec = tiny_config(tmp_path)
     grid = GridConfig(max_num_seqs=4, max_num_batched_tokens=64, max_context=256, repeats=1)
     m = measure_vllm(spec, grid, VllmSettings(python=vllm_python, config=config),
                      dtype="fp32", progress=False, budget_s=600)
@@ -70,10 +76,7 @@ def test_real_engine_replays_a_workload_as_servesim_decides(vllm_python: str,
     from sim.app.runs.validate_vllm import prepare_vllm_validation, run_vllm_validation
     from sim.app.runs.vllm_comparison import vllm_validation_dict
 
-    config = tmp_path / "qwen2-tiny" / "config.json"
-    config.parent.mkdir()
-    config.write_text(json.dumps(CONFIG))
-    spec = spec_from_hf_config(config)
+    config, spec = tiny_config(tmp_path)
     grid = GridConfig(max_num_seqs=8, max_num_batched_tokens=128, max_context=512, repeats=1)
     m = measure_vllm(spec, grid, VllmSettings(python=vllm_python, config=config),
                      dtype="fp32", progress=False, budget_s=600)

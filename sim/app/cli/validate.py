@@ -109,17 +109,14 @@ def validate(
 
         validate_vllm(out, python, device, timer, repeats, fit_frontend, also_profile, opts)
         return
-    from sim.app.reports.validation_page import check_validation_out, write_validation
-    from sim.app.runs.against import check_without_against
-    from sim.app.runs.validate import prepare_validation, run_validation, validation_config
+    from sim.app.cli.validate_vllm import checked_config
+    from sim.app.reports.validation_page import write_validation
+    from sim.app.runs.validate import prepare_validation, run_validation
     from sim.engine import SchedulerStuck
 
     try:
-        check_without_against(fit_frontend=fit_frontend, **opts)
-        opts = {k: v for k, v in opts.items() if k not in FRONTEND_NAMES}
-        cfg = validation_config(**opts)
-        check_validation_out(out)  # before measuring: nothing is lost at the end
-        prep, real = prepare_validation(cfg, device, timer, repeats)
+        prep, real = prepare_validation(checked_config(out, fit_frontend, opts), device,
+                                        timer, repeats)
     except INPUT_ERRORS as e:
         fail(str(e))
     console.print(f"workload: {len(prep.workload):,} requests ({prep.workload.source})")

@@ -1,13 +1,34 @@
 """``servesim validate --engine vllm``: the command's path when a real vLLM engine serves
-the workload (sim/app/cli/validate.py dispatches here). The work is in
+the workload (sim/app/cli/validate.py dispatches here), and the real run's config check
+both engines share (``checked_config``). The work is in
 sim/app/runs/validate_vllm.py and sim/app/runs/vllm_comparison.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
+from sim.app.cli.options import FRONTEND_OPTIONS
+
+if TYPE_CHECKING:
+    from sim.app.runs.runner import RunConfig
+
+
+def checked_config(out: Path, fit_frontend: bool | None, opts: dict[str, Any]) -> RunConfig:
+    """The real run's config from the command's options (validate's defaults from the
+    profile), once the options that apply only with --against are refused and --out is
+    known to be writable: before measuring, so nothing is lost at the end. Raises
+    ValueError naming the option or the directory."""
+    from sim.app.reports.validation_page import check_validation_out
+    from sim.app.runs.against import check_without_against
+    from sim.app.runs.validate import validation_config
+
+    check_without_against(fit_frontend=fit_frontend, **opts)
+    frontend = {o.name for o in FRONTEND_OPTIONS}
+    cfg = validation_config(**{k: v for k, v in opts.items() if k not in frontend})
+    check_validation_out(out)
+    return cfg
 
 
 def validate_vllm(out: Path, python: str | None, device: str | None, timer: str,
@@ -16,9 +37,7 @@ def validate_vllm(out: Path, python: str | None, device: str | None, timer: str,
     """Prepare, replay through vLLM, compare, write and print; one line and exit 1 on
     bad input or a failing engine."""
     from calibration.vllm_measure import DriverError
-    from sim.app.reports.validation_page import check_validation_out, write_vllm_validation
-    from sim.app.runs.against import check_without_against
-    from sim.app.runs.validate import validation_config
+    from sim.app.reports.validation_page import write_vllm_validation
     from sim.app.runs.validate_vllm import (
         prepare_vllm_validation,
         price_also,
@@ -27,14 +46,10 @@ def validate_vllm(out: Path, python: str | None, device: str | None, timer: str,
     from sim.engine import SchedulerStuck
 
     try:
-        check_without_against(fit_frontend=fit_frontend, **opts)
         if repeats != 1:
             raise ValueError("repeats applies to the torch engine's real run (vLLM serves "
                              "each step once, as in service)")
-        opts = {k: v for k, v in opts.items()
-                if k not in ("frontend_ttft_s", "frontend_token_s")}
-        cfg = validation_config(**opts)
-        check_validation_out(out)  # before measuring: nothing is lost at the end
+        cfg = checked_config(out, fit_frontend, opts)
         prep, setup = prepare_vllm_validation(cfg, python, device, timer)
     except INPUT_ERRORS as e:
         fail(str(e))

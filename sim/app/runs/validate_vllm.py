@@ -203,7 +203,6 @@ class VllmValidation:
     BatchShape."""
 
     predicted: SimResult
-    agreement: SimResult
     steps: pd.DataFrame
     shapes: list[BatchShape]
     requests: dict[str, Any]
@@ -259,11 +258,10 @@ def run_vllm_validation(prep: Prepared, setup: VllmSetup,
         return price(shape) if t is None else t
 
     sim_sched: Schedule = []
-    agreement = simulate_prepared(prep, observer=_recorder(index, sim_sched),
-                                  executor=replayed)
+    simulate_prepared(prep, observer=_recorder(index, sim_sched), executor=replayed)
     shapes = [BatchShape(**s["shape"]) for s in steps]
     return VllmValidation(
-        predicted, agreement, step_frame(steps, shapes, price), shapes,
+        predicted, step_frame(steps, shapes, price), shapes,
         measured_requests(prep, steps),
         rejected, {k: v for k, v in records[0].items() if k != "kind"},
         (vllm_sched, sim_sched), pred_sched, setup,
