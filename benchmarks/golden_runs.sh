@@ -28,11 +28,11 @@ go conv run --trace "$conv" --out "conv"
 go code-continuous run --trace "$code" --num-requests 2000 --policy continuous --out "code"
 go static run --policy static --num-requests 300 --out "static"
 go compare run --model llama-3.1-8b --gpu a100-40gb --trace "$conv" --num-requests 2000 \
-  --time-scale 2 --max-tokens 2048 --out "compare" \
+  --time-scale 2 --max-tokens 2048 --max-model-len 8192 --out "compare" \
   --compare static,continuous,chunked,continuous:reserve,chunked:reserve,chunked:swap
 go sysprompt-block run --scenario system-prompts --prefix-cache block --num-requests 500 --out "sysprompt"
 go priority-swap run --queue priority --preemption-mode swap --num-gpu-blocks 600 \
-  --num-requests 400 --rate 20 --out "prio"
+  --max-model-len 8192 --num-requests 400 --rate 20 --out "prio"
 go closed-loop run --concurrency 8 --think-time 1 --num-requests 300 --out "closed"
 go tp70b run --model llama-3.1-70b --gpu h100-sxm --tensor-parallel-size 4 --num-requests 300 --out "tp"
 go profile run --profile "$repo"/calibration/profiles/cpu-qwen2.5-0.5b.json --num-requests 100 --rate 0.5 --out "profile"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -24,8 +23,16 @@ from rich.table import Table
 
 from calibration.fit import FEATURES, FitRejected, FitResult, fit_points
 from calibration.hf_config import spec_from_hf_config
-from calibration.profile import Profile, load_profile, profile_from_measurement, refit, save_profile
+from calibration.profile import (
+    Profile,
+    check_profile_place,
+    load_profile,
+    profile_from_measurement,
+    refit,
+    save_profile,
+)
 from calibration.specs import ModelSpec
+from sim.staging import staging_file
 
 if TYPE_CHECKING:
     from calibration.grid import GridConfig
@@ -90,14 +97,15 @@ def engine_line(e: dict[str, Any]) -> str:
 def _save(profile: Profile, out: Path) -> None:
     try:
         save_profile(profile, out)
-    except OSError as exc:
-        _fail(f"cannot write {out}: {exc.strerror or exc}")
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 def check_out(target: Path) -> None:
     """Refuse, before any measuring, a --out that cannot take the profile: a directory
-    (``--out ''`` is the current one), a missing or read-only folder. Raises ValueError
-    naming --out; the check creates and removes a temporary file in the folder."""
+    (``--out ''`` is the current one), a missing or read-only folder, or a file there
+    that is not a servesim profile. Raises ValueError naming --out; the check creates and
+    removes a staging file in the folder (sim/staging.py)."""
     if target.is_dir():
         shown = "'' or '.' (the current directory)" if str(target) == "." else str(target)
         raise ValueError(f"--out: {shown} is a directory; give a profile file name such "
@@ -106,12 +114,17 @@ def check_out(target: Path) -> None:
     if not folder.is_dir():
         what = "is not a directory" if folder.exists() else "does not exist"
         raise ValueError(f"--out: cannot write {target}: folder {folder} {what}")
+    check_profile_place(target)
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".tmp"):
-            pass
+        staging_file(folder, target.name, "").unlink()
     except OSError as exc:
         raise ValueError(f"--out: cannot write {target}: folder {folder} is not writable "
                          f"({exc.strerror or exc})") from exc
+
+
+def rejected_path(target: Path) -> Path:
+    """Where a refused fit keeps its measurements: beside the profile it was for."""
+    return target.with_name(target.stem + ".rejected.json")
 
 
 def check_run_options(seed: int, threads: int | None) -> None:
@@ -231,6 +244,7 @@ def calibrate(
         name = f"{'vllm-' if engine == 'vllm' else ''}{spec.name}"
         target = out or Path(f"{device.split(':')[0]}-{name}.json")
         check_out(target)
+        check_profile_place(rejected_path(target))  # where a refused fit is kept
     except (ValueError, OSError) as exc:
         _fail(str(exc))
     start = time.perf_counter()
@@ -285,7 +299,7 @@ def _fit_and_save(console: Console, spec: ModelSpec, m: Measurement, target: Pat
     try:
         fit = fit_points(m.points, force=force)
     except FitRejected as exc:
-        kept = target.with_name(target.stem + ".rejected.json")
+        kept = rejected_path(target)
         rejected = profile_from_measurement(spec, m, exc.fit)
         _report(console, rejected, "held-out error per region (REFUSED)")
         _save(rejected, kept)

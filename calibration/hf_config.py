@@ -216,3 +216,49 @@ def deployed(spec: ModelSpec, quantization: str | None, kv_cache_dtype: str) -> 
     if weights == spec.quantization and kv_cache_dtype == spec.kv_cache_dtype:
         return spec
     return dataclasses.replace(spec, quantization=weights, kv_cache_dtype=kv_cache_dtype)
+
+
+#: RoPE types whose max_position_embeddings is already the scaled length, so vLLM does
+#: not apply their ``factor`` again (vLLM 0.32 vllm/config/model.py
+#: ``_get_and_verify_max_len``).
+_PRESCALED_ROPE_TYPES = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn",
+                                   "deepseek_llama_scaling"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextLimit:
+    """What besides max_position_embeddings bounds a user's max_model_len in vLLM 0.32
+    (vllm/config/model.py ``_get_and_verify_max_len``): ``rope_factor``, the RoPE scaling
+    factor vLLM multiplies the derived length by (None: none applies), and
+    ``model_max_length``, config.json's own key that allows a longer max_model_len (None:
+    absent). A preset's config carries neither that applies (Llama 3.1's llama3 RoPE is
+    pre-scaled)."""
+
+    rope_factor: float | None = None
+    model_max_length: int | None = None
+
+
+def context_limit(model: str) -> ContextLimit:
+    """The ContextLimit of what ``--model`` names: empty for a preset; for a config.json
+    (or a folder holding one) its ``rope_scaling`` (or ``rope_parameters``; each layer
+    type's when nested) factor unless the type is pre-scaled or the model is Gemma 3, and
+    its ``model_max_length``. Raises ValueError as read_hf_config does."""
+    if model.lower() in list_models() or not Path(model).exists():
+        return ContextLimit()
+    config: Mapping[str, Any] = read_hf_config(model)[0]
+    text = config.get("text_config")
+    if config.get("num_hidden_layers") is None and isinstance(text, Mapping):
+        config = text
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    params = list(rope.values()) if isinstance(rope, Mapping) and all(
+        isinstance(v, Mapping) for v in rope.values()) else [rope]
+    factor = None
+    if "gemma3" not in str(config.get("model_type", "")):
+        for rp in params:
+            if not isinstance(rp, Mapping):
+                continue
+            kind = rp.get("rope_type") or rp.get("type") or "default"
+            if kind not in _PRESCALED_ROPE_TYPES and rp.get("factor") is not None:
+                factor = float(rp["factor"])
+    mml = config.get("model_max_length")
+    return ContextLimit(factor, int(mml) if mml is not None else None)

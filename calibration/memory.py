@@ -274,14 +274,43 @@ def _plan_fixed_kv(kv_cache_memory_bytes: int, kv_bytes_per_token: int, block_si
     )
 
 
-def check_max_model_len(plan: KVCachePlan, max_model_len: int) -> None:
-    """Raise ValueError (as vLLM does at start-up) when one request of max_model_len tokens
-    cannot fit in the whole KV cache, or for max_model_len < 2 (as SchedulerConfig)."""
+def check_max_model_len(plan: KVCachePlan, max_model_len: int,
+                        num_gpu_blocks: int | None = None,
+                        option: str = "gpu_memory_utilization") -> None:
+    """Raise ValueError, in vLLM's words, when the KV cache cannot hold one request of
+    max_model_len tokens, or for max_model_len < 2 (as SchedulerConfig).
+
+    vLLM 0.32 (vllm/v1/core/kv_cache_utils.py get_kv_cache_configs and
+    _check_enough_kv_cache_memory) checks the pool's memory less the one block its
+    BlockPool holds back (the null block) against cdiv(max_model_len, block_size) blocks,
+    and with num_gpu_blocks_override it checks that many blocks instead of the profiled
+    memory; so a request fits when cdiv(max_model_len, block_size) <= num_gpu_blocks - 1.
+    ``num_gpu_blocks`` is such an override (None: the plan's own); ``option`` the setting
+    the message suggests raising (gpu_memory_utilization, num_gpu_blocks or
+    kv_cache_memory_bytes). Sizes in the message are GiB rounded as vLLM's format_gib."""
     if max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
-    if max_model_len > plan.kv_capacity_tokens:
-        raise ValueError(
-            f"max_model_len ({max_model_len}) is larger than the maximum number of tokens that "
-            f"can be stored in KV cache ({plan.kv_capacity_tokens}); increase "
-            "gpu_memory_utilization or decrease max_model_len"
-        )
+    block_bytes = plan.block_size * plan.kv_bytes_per_token
+    pool = plan.kv_bytes if num_gpu_blocks is None else num_gpu_blocks * block_bytes
+    available = pool - block_bytes
+    if available <= 0:
+        raise ValueError(f"No available memory for the cache blocks. Try increasing "
+                         f"`{option}` when initializing the engine.")
+    needed = -(-max_model_len // plan.block_size) * block_bytes
+    if needed <= available:
+        return
+    estimated = available // block_bytes * plan.block_size
+    estimate = (f"Based on the available memory, the estimated maximum model length is "
+                f"{estimated}. " if estimated > 0 else "")
+    raise ValueError(
+        f"max_model_len: To serve at least one request with the model's max seq len "
+        f"({max_model_len}), ({_gib(needed)} GiB KV cache is needed, which is larger than "
+        f"the available KV cache memory ({_gib(available)} GiB). {estimate}Try increasing "
+        f"`{option}` or decreasing `max_model_len` when initializing the engine."
+    )
+
+
+def _gib(num_bytes: int) -> str:
+    """Bytes as vLLM's format_gib writes them (vllm/utils/mem_utils.py): GiB rounded to
+    two decimals, as Python prints the float."""
+    return f"{round(num_bytes / GIB, 2)}"

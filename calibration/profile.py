@@ -21,20 +21,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from calibration.fit import DEFAULT_MAX_MAPE, FEATURES, PER_LAYER, FitResult, fit_points
-from calibration.grid import MeasuredPoint
+from calibration.fit import (
+    DEFAULT_MAX_MAPE,
+    FEATURES,
+    PER_LAYER,
+    FitResult,
+    feature_vector,
+    fit_points,
+)
+from calibration.grid import REGIONS, MeasuredPoint
+from calibration.specs import DTYPE_BYTES, ModelSpec
 from sim.batch import BatchShape
+from sim.staging import place_file
 
 if TYPE_CHECKING:
     from calibration.measure import Measurement
-    from calibration.specs import ModelSpec
 
 FORMAT = "servesim-profile"
 VERSION = 1
@@ -117,22 +124,30 @@ def profile_from_measurement(spec: ModelSpec, m: Measurement, fit: FitResult) ->
                    m.num_layers, grid, fit, dict(m.memory), m.points, dict(m.engine))
 
 
-def save_profile(profile: Profile, path: str | Path) -> None:
-    """Write the profile as JSON: to a temporary file beside ``path``, then renamed over it,
-    so the file is written whole or not at all. OSError when the folder is not writable."""
+def check_profile_place(path: str | Path, option: str = "--out") -> None:
+    """Raise ValueError naming ``option`` when ``path`` holds something other than a
+    servesim profile (a profile is written over; anything else servesim did not write is
+    never replaced)."""
     target = Path(path)
-    text = json.dumps(profile.to_dict(), indent=1, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    if not (target.exists() or target.is_symlink()):
+        return
     try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a profile is meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        found = json.loads(target.read_text(encoding="utf-8")).get("format")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        found = None
+    if found != FORMAT:
+        raise ValueError(f"{option}: {target} exists and is not a servesim profile; give "
+                         "another path or remove it")
+
+
+def save_profile(profile: Profile, path: str | Path, option: str = "--out") -> None:
+    """Write the profile as JSON, whole or not at all: staged beside ``path`` and renamed
+    over it, a killed write's staging cleared first (sim/staging.py). Raises ValueError
+    naming ``option`` when ``path`` holds a file that is not a servesim profile
+    (check_profile_place), or on an OS error (no space, a read-only folder, ...)."""
+    check_profile_place(path, option)
+    text = json.dumps(profile.to_dict(), indent=1, allow_nan=False) + "\n"
+    place_file(Path(path), text, option, sync=True)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -157,10 +172,115 @@ def load_profile(path: str | Path) -> Profile:
     if missing:
         raise ValueError(f"{p}: profile lacks keys: {', '.join(missing)}")
     try:
+        check_profile(data)
         return Profile.from_dict(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
         raise ValueError(f"{p}: malformed profile: {what}") from None
+
+
+def check_profile(data: dict[str, Any]) -> None:
+    """What a profile must hold to price steps: the top-level fields with their types
+    (:func:`_check_fields`), a fit whose coefficients are finite, >= 0 and price every
+    step above 0 s, with its held-out statistics (:func:`_check_fit`), and measured points
+    with finite times. Raises ValueError (KeyError for a missing key) naming the field."""
+    _check_fields(data)
+    _check_fit(data["fit"])
+    for i, point in enumerate(data["points"]):
+        if not isinstance(point, dict):
+            raise ValueError(f"points[{i}] must be an object, got {type(point).__name__}")
+        for key in ("seconds", "seconds_median", "seconds_max"):
+            if not (_is_number(point[key]) and 0 < point[key] < math.inf):
+                raise ValueError(f"{key} must be > 0 and finite, got {point[key]!r} "
+                                 f"(points[{i}])")
+
+
+def _check_fields(data: dict[str, Any]) -> None:
+    """The top-level fields' types; the model as a ModelSpec accepts it."""
+    for key in ("device", "device_name", "torch_version", "dtype", "date"):
+        if not isinstance(data[key], str):
+            raise ValueError(f"{key} must be a string, got {data[key]!r}")
+    if data["dtype"] not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {data['dtype']!r}")
+    if not (isinstance(data["num_layers_measured"], int)
+            and not isinstance(data["num_layers_measured"], bool)):
+        raise ValueError(f"num_layers_measured must be an integer, got "
+                         f"{data['num_layers_measured']!r}")
+    objects = ("model", "grid", "fit", "memory")
+    for key in (*objects, "engine") if data.get("engine") is not None else objects:
+        if not isinstance(data[key], dict):
+            raise ValueError(f"{key} must be an object, got {type(data[key]).__name__}")
+    if not isinstance(data["points"], list) or not data["points"]:
+        raise ValueError("points must be a non-empty list (the measured steps the fit used)")
+    try:
+        ModelSpec(**data["model"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"model: {exc}") from None
+
+
+def _check_fit(fit: dict[str, Any]) -> None:
+    """Coefficients: one finite number >= 0 per feature, not all 0, and a one-token step
+    of either kind priced above 0 s (the simulator's clock must advance every step);
+    knot_tokens, max_mape and the held-out statistics of every region present and sane."""
+    coefs = fit["coefficients"]
+    if not (isinstance(coefs, list) and len(coefs) == len(FEATURES)
+            and all(_is_number(c) for c in coefs)):
+        raise ValueError(f"fit.coefficients must be {len(FEATURES)} numbers, one per "
+                         f"feature ({', '.join(FEATURES)}), got {coefs!r}")
+    bad = [f"{f} {c!r}" for f, c in zip(FEATURES, coefs, strict=True)
+           if not 0 <= c < math.inf]
+    if bad:
+        raise ValueError(f"fit.coefficients must be finite and >= 0 s per unit: {', '.join(bad)}")
+    if not any(coefs):
+        raise ValueError("fit.coefficients are all 0: every step would take 0 s; recalibrate")
+    knot = fit["knot_tokens"]
+    if knot is not None and not (isinstance(knot, int) and not isinstance(knot, bool)
+                                 and knot >= 1):
+        raise ValueError(f"fit.knot_tokens must be null or an integer >= 1, got {knot!r}")
+    for kind, shape in _SMALLEST_STEPS.items():
+        if sum(c * x for c, x in zip(coefs, feature_vector(shape, knot), strict=True)) <= 0:
+            raise ValueError(f"fit.coefficients price a one-token {kind} step at 0 s "
+                             "(step, tokens and seqs are all 0); recalibrate")
+    limit = fit["max_mape"]
+    if not (_is_number(limit) and 0 < limit < math.inf):
+        raise ValueError(f"fit.max_mape must be a finite number > 0, got {limit!r}")
+    _check_fit_errors(fit["errors"])
+
+
+#: The cheapest steps a simulation can take: one prompt token (a chunk at context 0, no
+#: token sampled) and one decode token over one token of context (sampled).
+_SMALLEST_STEPS = {
+    "prefill": BatchShape(num_prefill_tokens=1, num_prefill_seqs=1, prefill_attention_pairs=1),
+    "decode": BatchShape(num_decode_seqs=1, decode_context_tokens=2, num_sampled_seqs=1),
+}
+_ERROR_COUNTS = ("num_train", "num_heldout")
+_ERROR_FRACTIONS = ("train_mape", "mape", "max_error")
+
+
+def _check_fit_errors(errors: Any) -> None:
+    """fit.errors: for every region (calibration.grid.REGIONS) the point counts (integers
+    >= 0) and the relative errors (null, or finite fractions >= 0)."""
+    if not isinstance(errors, dict):
+        raise ValueError(f"fit.errors must be an object, got {type(errors).__name__}")
+    absent = [r for r in REGIONS if r not in errors]
+    if absent:
+        raise ValueError(f"fit.errors lacks the held-out statistics of {', '.join(absent)}")
+    for region, e in errors.items():
+        if not isinstance(e, dict) or set(e) != {*_ERROR_COUNTS, *_ERROR_FRACTIONS}:
+            raise ValueError(f"fit.errors.{region} must hold "
+                             f"{', '.join((*_ERROR_COUNTS, *_ERROR_FRACTIONS))}, got {e!r}")
+        for key in _ERROR_COUNTS:
+            if not (isinstance(e[key], int) and not isinstance(e[key], bool) and e[key] >= 0):
+                raise ValueError(f"fit.errors.{region}.{key} must be an integer >= 0, "
+                                 f"got {e[key]!r}")
+        for key in _ERROR_FRACTIONS:
+            if e[key] is not None and not (_is_number(e[key]) and 0 <= e[key] < math.inf):
+                raise ValueError(f"fit.errors.{region}.{key} must be null or a finite "
+                                 f"number >= 0, got {e[key]!r}")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def refit(profile: Profile, force: bool = False, max_mape: float | None = None) -> Profile:

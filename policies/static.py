@@ -6,7 +6,8 @@ every member is done. Nothing joins a running batch; a finished member keeps its
 idle, until the batch ends, and results are returned at batch end (so E2E = batch end and
 the first token time = end of the prefill step). Costs are charged as HF generate computes
 them: the prefill is padded to the longest prompt of the batch, and every decode step
-computes the whole batch, finished members included. The token budget does not apply.
+computes the whole batch, finished members included. There is no token budget: a run of
+it takes no max_num_batched_tokens and records none (docs/policies.md).
 """
 
 from __future__ import annotations

@@ -23,9 +23,16 @@ def _check_n(n: int) -> None:
         raise ValueError(f"num_requests must be an integer >= 0, got {n!r}")
 
 
+#: Slowest arrival rate accepted, requests/s (one request in about 11.6 days). The
+#: simulated clock is a float64 of seconds: at 1e9 s it still resolves 0.2 us, while a
+#: rate near float64's smallest numbers makes 1 / rate overflow to inf.
+MIN_RATE = 1e-6
+
+
 def _check_rate(rate: float) -> None:
-    if not rate > 0:  # also rejects NaN
-        raise ValueError(f"rate must be > 0 requests/s (inf allowed), got {rate!r}")
+    if not rate >= MIN_RATE:  # also rejects NaN
+        raise ValueError(f"rate must be >= {MIN_RATE:g} requests/s (inf allowed), got "
+                         f"{rate!r}")
 
 
 def gamma_gaps(

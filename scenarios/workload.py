@@ -275,11 +275,17 @@ class Workload:
         ``inf`` puts every arrival at t = 0.
 
         Raises:
-            ValueError: ``speedup`` is not > 0 (NaN included).
+            ValueError: ``speedup`` is not > 0 (NaN included), or so small that an
+                arrival time overflows to inf.
         """
         if not speedup > 0:
             raise ValueError(f"time_scale (speedup) must be > 0, got {speedup!r}")
-        return self._replace(arrival_time=self.arrival_time / speedup)
+        with np.errstate(over="ignore"):  # an overflow is refused below, by name
+            t = self.arrival_time / speedup
+        if len(t) and not np.isfinite(t[-1]):
+            raise ValueError(f"time_scale (speedup) {speedup!r} slows the trace's arrivals past "
+                             "what a float64 clock holds; give a larger time_scale")
+        return self._replace(arrival_time=t)
 
     def cut(self, num_requests: int | None = None, window_s: float | None = None) -> Workload:
         """The first ``num_requests`` requests and/or those arriving within ``window_s``.

@@ -62,7 +62,7 @@ def test_k08_nonpositive_burstiness_is_an_error(burstiness: float) -> None:
         gamma(RATE, burstiness, 10, make_rng(0))
 
 
-@pytest.mark.parametrize("rate", [0.0, -5.0, math.nan])
+@pytest.mark.parametrize("rate", [0.0, -5.0, math.nan, 1e-320, 9.9e-7])
 def test_nonpositive_rate_is_an_error(rate: float) -> None:
     with pytest.raises(ValueError, match="rate"):
         gamma(rate, 1.0, 10, make_rng(0))
@@ -70,6 +70,11 @@ def test_nonpositive_rate_is_an_error(rate: float) -> None:
         poisson(rate, 10, make_rng(0))
     with pytest.raises(ValueError, match="rate"):
         constant(rate, 10)
+
+
+def test_slowest_rate_is_accepted() -> None:
+    # 1e-6 req/s: one request a million seconds apart, exactly, on the constant process.
+    assert constant(1e-6, 2).tolist() == [1e6, 2e6]
 
 
 def test_poisson_equals_gamma_with_burstiness_one() -> None:

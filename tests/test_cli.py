@@ -81,7 +81,7 @@ def test_full_steps_writes_one_row_per_step(tmp_path: Path) -> None:
 def test_step_time_and_num_gpu_blocks_overrides(tmp_path: Path) -> None:
     trace = write_csv(tmp_path / "t.csv", ["0,4,3", "0,4,2"])
     code, text = run("--trace", str(trace), "--step-time", "0.5", "--num-gpu-blocks", "10",
-                     "--out", str(tmp_path / "o"))
+                     "--max-model-len", "144", "--out", str(tmp_path / "o"))
     assert code == 0, text
     req = pd.read_csv(tmp_path / "o" / "requests.csv")
     assert list(req["finish_time"]) == [1.5, 1.0]  # 3 and 2 steps of 0.5 s
@@ -90,11 +90,11 @@ def test_step_time_and_num_gpu_blocks_overrides(tmp_path: Path) -> None:
 def test_unservable_request_is_rejected_with_reason(tmp_path: Path) -> None:
     trace = write_csv(tmp_path / "t.csv", ["0,100,3", "0,4,2"])
     code, _ = run("--trace", str(trace), "--step-time", "1", "--num-gpu-blocks", "5",
-                  "--out", str(tmp_path / "o"))
+                  "--max-model-len", "64", "--out", str(tmp_path / "o"))
     assert code == 0
     req = pd.read_csv(tmp_path / "o" / "requests.csv")
     assert list(req["status"]) == ["rejected", "finished"]
-    assert "KV blocks" in req.loc[0, "reason"]
+    assert "max_model_len (64)" in req.loc[0, "reason"]
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -273,7 +273,8 @@ def test_cache_aware_cluster_same_with_per_request_slots(
     and slots made per request (which the lookups make on replicas that never get the
     request) give the same records, under eviction and preemption."""
     prep = prepare(RunConfig(scenario="multi-turn", num_requests=300, rate=30.0,
-                             prefix_cache=mode, num_gpu_blocks=500, max_num_seqs=16,
+                             prefix_cache=mode, num_gpu_blocks=500, max_model_len=7984,
+                             max_num_seqs=16,
                              replicas=3, router="cache-aware"))
     fixed = simulate_prepared(prep)
     monkeypatch.setattr(workload_content, "MAX_FIXED_SLOTS", 10)
@@ -315,7 +316,8 @@ def test_cache_aware_lookups_change_only_the_routing(monkeypatch: pytest.MonkeyP
     """Replaying the cache-aware router's choices with no lookups at all gives the same
     records, under eviction and preemption: the lookups leave no trace in the caches."""
     prep = prepare(RunConfig(scenario="multi-turn", num_requests=300, rate=30.0,
-                             prefix_cache="radix", num_gpu_blocks=500, max_num_seqs=16,
+                             prefix_cache="radix", num_gpu_blocks=500, max_model_len=7984,
+                             max_num_seqs=16,
                              replicas=3, router="cache-aware"))
     routed = simulate_prepared(prep)
     where = routed.requests["replica"].to_numpy()  # workload order

@@ -42,7 +42,8 @@ def test_compare_writes_one_run_per_cell(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     res = CliRunner().invoke(app, [
         "run", "--num-requests", "60", "--step-time", "0.01", "--max-tokens", "512",
-        "--num-gpu-blocks", "400", "--max-num-seqs", "16", "--out", str(out),
+        "--num-gpu-blocks", "400", "--max-model-len", "6384", "--max-num-seqs", "16",
+        "--out", str(out),
         "--compare", "static,continuous,chunked,chunked:reserve,chunked:swap",
     ])
     assert res.exit_code == 0, res.output

@@ -18,7 +18,12 @@ from typer.testing import CliRunner
 from calibration.gpus import get_gpu
 from sim.app.cli.main import app
 from sim.app.runs.config_file import file_digest, read_config
-from sim.app.runs.defaults import api_server_batch_defaults, batch_limits, default_prefix_cache
+from sim.app.runs.defaults import (
+    BatchDefaults,
+    api_server_batch_defaults,
+    batch_limits,
+    default_prefix_cache,
+)
 from sim.app.runs.runner import RunConfig, prepare
 
 runner = CliRunner()
@@ -73,6 +78,17 @@ def test_160_gib_gpus_get_the_largest_defaults_and_unchunked_policies_max_model_
     assert batch_limits(gpu, "continuous", 1024).max_num_batched_tokens == 2048
     given = batch_limits(gpu, "continuous", 131072, 7, 512)
     assert (given.max_num_seqs, given.max_num_batched_tokens) == (7, 512)
+
+
+def test_vllm_lowers_a_default_max_num_seqs_to_the_budget_and_caps_a_default_budget() -> None:
+    # vLLM 0.32 arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args: a budget
+    # given alone below the default 256 sequences (a100-80gb) lowers max_num_seqs to it;
+    # a max_num_seqs given stays (startup_checks refuses it above the budget).
+    gpu = get_gpu("a100-80gb")
+    assert batch_limits(gpu, "chunked", 131072, None, 100) == BatchDefaults(100, 100)
+    assert batch_limits(gpu, "chunked", 131072, 300, 100) == BatchDefaults(300, 100)
+    # the default budget 2,048 capped at max_num_seqs x max_model_len = 4 x 64 = 256
+    assert batch_limits(gpu, "chunked", 64, 4) == BatchDefaults(4, 256)
 
 
 def test_default_prefix_cache_is_on_only_where_it_can_hit() -> None:

@@ -99,7 +99,7 @@ def test_slot_rule_lowest_free_row_kept_until_release() -> None:
 
 def test_large_run_is_cut_and_whole_run_counts_match_steps_csv() -> None:
     cfg = RunConfig(num_requests=300, step_time=0.01, max_num_seqs=32, num_gpu_blocks=400,
-                    seed=3)
+                    max_model_len=6384, seed=3)
     prep = prepare(cfg)
     rec = SlotRecorder(prep.scheduler.max_num_seqs, max_steps=20, max_slots=8)
     steps = simulate_prepared(prep, observer=rec).steps

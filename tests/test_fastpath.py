@@ -161,7 +161,8 @@ def test_fast_path_with_prefix_caching(scenario: str, cache: str, policy: str,
     from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 
     prep = prepare(RunConfig(scenario=scenario, num_requests=150, rate=40.0, policy=policy,
-                             prefix_cache=cache, num_gpu_blocks=blocks, max_num_seqs=24))
+                             prefix_cache=cache, num_gpu_blocks=blocks,
+                             max_model_len=(blocks - 1) * 16, max_num_seqs=24))
     ref = simulate_prepared(prep, fast_path=False)
     fast = simulate_prepared(prep, fast_path=True)
     assert ref.summary["prefix_cache"]["evictions"] > 0

@@ -53,9 +53,13 @@ def test_k01_max_model_len_29000_does_not_fit() -> None:
     with pytest.raises(ValueError) as err:
         check_max_model_len(plan, 29_000)
     message = str(err.value)
+    # vLLM 0.32's wording: cdiv(29000, 16) = 1,813 blocks of 2 MiB = 3.54 GiB needed; the
+    # pool (21.22 - 17.98 - 0.35 GiB) less vLLM's null block leaves 2.89 GiB.
     assert message.startswith(
-        f"max_model_len (29000) is larger than the maximum number of tokens that can be "
-        f"stored in KV cache ({plan.kv_capacity_tokens})"
+        "max_model_len: To serve at least one request with the model's max seq len (29000), "
+        "(3.54 GiB KV cache is needed, which is larger than the available KV cache memory "
+        f"(2.89 GiB). Based on the available memory, the estimated maximum model length is "
+        f"{(plan.num_gpu_blocks - 1) * 16}."
     )
     assert "gpu_memory_utilization" in message and "\n" not in message
 

@@ -5,14 +5,20 @@ check their outputs before simulating."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from sim.app.cli.main import app
-from sim.app.runs.out_dir import check_run_dir, write_files
+from sim.app.runs.config_file import VERSION
+from sim.app.runs.out_dir import GENERATOR_META, check_run_dir, write_files
 
 runner = CliRunner()
 RUN = ["run", "--num-requests", "20", "--step-time", "0.01"]
@@ -88,19 +94,46 @@ def test_compare_report_covers_every_cell(tmp_path: Path) -> None:
 
 
 def test_loose_files_are_written_all_or_none(tmp_path: Path) -> None:
-    (tmp_path / "a.txt").write_text("old a")
+    old_page = f"<html><head>{GENERATOR_META}</head>old a</html>"
+    (tmp_path / "a.html").write_text(old_page)
 
     def boom() -> str:
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError):
-        write_files(tmp_path, {"a.txt": lambda: "new a", "b.txt": boom})
-    assert (tmp_path / "a.txt").read_text() == "old a" and not (tmp_path / "b.txt").exists()
-    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+        write_files(tmp_path, {"a.html": lambda: "new a", "b.txt": boom})
+    assert (tmp_path / "a.html").read_text() == old_page and not (tmp_path / "b.txt").exists()
+    assert sorted(os.listdir(tmp_path)) == ["a.html"]
     (tmp_path / "c.txt").mkdir()
     with pytest.raises(ValueError, match=r"c\.txt is a directory"):
-        write_files(tmp_path, {"a.txt": lambda: "new a", "c.txt": lambda: "c"})
-    assert (tmp_path / "a.txt").read_text() == "old a"
+        write_files(tmp_path, {"a.html": lambda: "new a", "c.txt": lambda: "c"})
+    assert (tmp_path / "a.html").read_text() == old_page
+
+
+@pytest.mark.parametrize("stop_at", [0, 1])
+def test_a_stop_while_renaming_finishes_the_set_and_a_stop_before_leaves_the_old(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_at: int) -> None:
+    """A stop (Ctrl-C) before any staged file is renamed in leaves the previous files;
+    one after the first rename finishes the others, so the set is never half old."""
+    for name in ("a.html", "b.html"):
+        (tmp_path / name).write_text(f"<html><head>{GENERATOR_META}</head>old</html>")
+    real, calls = os.replace, []
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        calls.append(dst)
+        if len(calls) == stop_at + 1:
+            if stop_at:
+                real(src, dst)  # the rename done, the signal before the loop goes on
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        write_files(tmp_path, {"a.html": lambda: "new", "b.html": lambda: "new"})
+    monkeypatch.setattr(os, "replace", real)
+    texts = {(tmp_path / n).read_text() for n in ("a.html", "b.html")}
+    assert texts == ({"new"} if stop_at else {f"<html><head>{GENERATOR_META}</head>old</html>"})
+    assert sorted(os.listdir(tmp_path)) == ["a.html", "b.html"]
 
 
 @pytest.mark.parametrize(("command", "blocked"), [
@@ -196,6 +229,263 @@ def test_a_failed_swap_puts_the_previous_run_back(tmp_path: Path,
 
     monkeypatch.setattr(os, "replace", flaky)
     res = runner.invoke(app, [*RUN, "--seed", "5", "--out", str(out)])
-    assert res.exit_code == 1 and "No space left" in res.output
+    assert res.exit_code == 1
+    assert f"--out: cannot write {out}: no space left on device; free space or give another " \
+        "--out" in res.output.replace("\n", "")
     assert (out / "requests.csv").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "run"]
+
+
+# -- a user's files are never replaced, by any command -------------------------------------
+
+MINE = "my own notes, not servesim's"
+
+
+def _one_line_refusal(output: str, option: str, path: Path) -> bool:
+    text = output.replace("\n", "")
+    return (f"error: {option}: {path} exists and carries no servesim mark (another "
+            "program's, or written by a servesim that did not mark its files); give another "
+            "path or remove it") in text
+
+
+def test_report_never_replaces_a_users_file_and_replaces_its_own(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert runner.invoke(app, [*RUN, "--out", str(run)]).exit_code == 0
+    mine = tmp_path / "r.html"
+    mine.write_text(MINE)
+    res = runner.invoke(app, ["report", str(run), "--out", str(mine)])
+    assert res.exit_code == 1 and _one_line_refusal(res.output, "--out", mine)
+    assert mine.read_text() == MINE
+    own = tmp_path / "report.html"
+    for _ in range(2):  # the second replaces the page the first wrote
+        res = runner.invoke(app, ["report", str(run), "--out", str(own)])
+        assert res.exit_code == 0, res.output
+    assert f"<meta charset=\"utf-8\">{GENERATOR_META}<title>" in own.read_text()[:200]
+
+
+def test_compare_report_never_replaces_a_users_report(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "report.html").write_text(MINE)
+    res = runner.invoke(app, [*RUN, "--out", str(out), "--compare", "chunked", "--report"])
+    assert res.exit_code == 1 and _one_line_refusal(res.output, "--out", out / "report.html")
+    assert sorted(p.name for p in out.iterdir()) == ["report.html"]  # refused before running
+    assert (out / "report.html").read_text() == MINE
+
+
+def test_diagram_never_replaces_a_users_html(tmp_path: Path) -> None:
+    mine = tmp_path / "d.html"
+    mine.write_text(MINE)
+    res = runner.invoke(app, ["diagram", "--scenario", "teaching", "--html", str(mine)])
+    assert res.exit_code == 1 and _one_line_refusal(res.output, "--html", mine)
+    assert mine.read_text() == MINE
+    own = tmp_path / "own.html"
+    for _ in range(2):
+        res = runner.invoke(app, ["diagram", "--scenario", "teaching", "--html", str(own)])
+        assert res.exit_code == 0, res.output
+
+
+SWEEP = ["sweep", "--num-requests", "10", "--step-time", "0.01", "--workers", "1"]
+PLAN = ["plan", "--num-requests", "20", "--step-time", "0.01", "--seeds", "0",
+        "--max-probes", "2", "--workers", "1", "--slo-ttft", "1"]
+
+
+@pytest.mark.parametrize(("command", "names"), [
+    (SWEEP, ("sweep.csv", "sweep.json", "sweep.html")),
+    (PLAN, ("capacity.md", "plan.json", "capacity.html")),
+])
+def test_sweep_and_plan_never_replace_a_users_file(tmp_path: Path, command: list[str],
+                                                    names: tuple[str, ...]) -> None:
+    for name in names:
+        out = tmp_path / name.replace(".", "-")
+        out.mkdir()
+        (out / name).write_text(MINE)
+        res = runner.invoke(app, [*command, "--out", str(out)])
+        assert res.exit_code == 1 and _one_line_refusal(res.output, "--out", out / name)
+        assert sorted(p.name for p in out.iterdir()) == [name]
+        assert (out / name).read_text() == MINE
+
+
+@pytest.mark.parametrize("command", [SWEEP, PLAN])
+def test_sweep_and_plan_replace_their_own_files(tmp_path: Path, command: list[str]) -> None:
+    out = tmp_path / "out"
+    for _ in range(2):
+        res = runner.invoke(app, [*command, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+    page = "sweep.html" if command is SWEEP else "capacity.html"
+    assert GENERATOR_META in (out / page).read_text()[:300]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_calibrate_never_replaces_a_file_that_is_not_a_profile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "p.json"
+    shutil.copy(SHIPPED_PROFILE, src)
+    mine = tmp_path / "p.txt"
+    mine.write_text(MINE)
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--force", "--out", str(mine)])
+    assert res.exit_code == 1 and mine.read_text() == MINE
+    assert (f"error: --out: {mine} exists and is not a servesim profile; give another path or "
+            "remove it") in res.output.replace("\n", "")
+    monkeypatch.setattr("calibration.measure.measure", lambda *a, **k: 1 / 0)
+    res = runner.invoke(app, ["calibrate", "--num-layers", "1", "--out", str(mine)])
+    assert res.exit_code == 1 and "is not a servesim profile" in res.output
+    assert mine.read_text() == MINE
+    before = src.read_bytes()  # a refit in place writes over the profile it read
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--force"])
+    assert res.exit_code == 0, res.output
+    assert src.read_bytes() != before and sorted(os.listdir(tmp_path)) == ["p.json", "p.txt"]
+
+
+def test_pngs_are_marked_and_a_users_png_is_never_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zlib
+
+    from sim.app.reports import report
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (len(body).to_bytes(4, "big") + kind + body
+                + zlib.crc32(kind + body).to_bytes(4, "big"))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", bytes.fromhex("00000001000000010800000000"))
+           + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))
+
+    class Figure:  # what plotly's figure offers write_pngs (kaleido renders it)
+        layout = type("Layout", (), {"height": 100})()
+
+        def to_image(self, **_: object) -> bytes:
+            return png
+
+    monkeypatch.setattr(report, "kaleido_missing", lambda: None)
+    out = tmp_path / "fig.png"
+    paths = report.write_pngs([Figure(), Figure()], out)
+    assert paths == [tmp_path / "fig-1.png", tmp_path / "fig-2.png"]
+    mark = b"Software\x00servesim " + VERSION.encode()
+    assert paths[0].read_bytes() == png[:33] + chunk(b"tEXt", mark) + png[33:]
+    assert report.write_pngs([Figure(), Figure()], out) == paths  # its own: replaced
+    paths[1].write_bytes(png)  # a PNG servesim did not write
+    with pytest.raises(ValueError, match=r"fig-2\.png exists and carries no servesim mark"):
+        report.write_pngs([Figure(), Figure()], out)
+    assert paths[1].read_bytes() == png
+
+
+# -- a killed write leaves nothing the next write into the place does not clear ------------
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_PROFILE = ROOT / "calibration" / "profiles" / "cpu-qwen2.5-0.5b.json"
+
+
+def _killed_child(script: str, *args: str) -> None:
+    """Run ``script`` in a Python process that kills itself with SIGKILL."""
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == -signal.SIGKILL
+
+
+KILLED_WHILE_STAGING = """
+import os, signal, sys
+from pathlib import Path
+from sim.app.runs.out_dir import stage_dir
+
+def write(tmp):
+    (tmp / "requests.csv").write_text("request_id,arrival_time\\n0,")  # cut mid-row
+    os.kill(os.getpid(), signal.SIGKILL)
+
+stage_dir(Path(sys.argv[1]), write)
+"""
+
+
+def test_the_staging_of_a_killed_run_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    out = tmp_path / "latest"
+    _killed_child(KILLED_WHILE_STAGING, str(out))
+    debris = [p for p in tmp_path.iterdir() if p.name.startswith(".latest.")]
+    assert len(debris) == 1 and (debris[0] / "requests.csv").exists()
+    res = runner.invoke(app, [*RUN, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+
+
+KILLED_WHILE_SWAPPING = """
+import os, signal, sys
+from pathlib import Path
+from sim.app.runs.out_dir import commit_dirs, stage_dir
+
+out = Path(sys.argv[1])
+tmp = stage_dir(out, lambda t: (t / "config.json").write_text('{"servesim_version": "new"}'))
+real = os.replace
+
+def replace(src, dst):  # killed once the previous run is moved aside
+    real(src, dst)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+os.replace = replace
+commit_dirs([(tmp, out)])
+"""
+
+
+def test_a_swap_killed_halfway_is_cleared_by_the_next_run(tmp_path: Path) -> None:
+    out = tmp_path / "latest"
+    assert runner.invoke(app, [*RUN, "--out", str(out)]).exit_code == 0
+    _killed_child(KILLED_WHILE_SWAPPING, str(out))
+    assert not out.exists()  # the previous run is aside, the new one staged
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith(".latest.")]) == 2
+    res = runner.invoke(app, [*RUN, "--seed", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+    assert '"seed": 1' in (out / "config.json").read_text()
+
+
+def test_a_swap_killed_halfway_puts_the_previous_run_back(tmp_path: Path) -> None:
+    from sim.app.runs.out_dir import remove_stale_staging
+
+    out = tmp_path / "latest"
+    assert runner.invoke(app, [*RUN, "--out", str(out)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _killed_child(KILLED_WHILE_SWAPPING, str(out))
+    assert len(remove_stale_staging(tmp_path, "latest")) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# -- an OS error while writing is one line naming the option --------------------------------
+
+
+def test_no_space_while_writing_a_run_is_one_line(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(path: Path, table: object) -> None:
+        Path(path).write_text("request_id\n")  # part written, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr("sim.app.runs.run_files.write_csv", full)
+    out = tmp_path / "latest"
+    res = runner.invoke(app, [*RUN, "--out", str(out)])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines()[-1] == (
+        f"error: --out: cannot write {out}: no space left on device; free space or give "
+        "another --out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o555)
+    if os.geteuid() == 0:  # root ignores permissions: /sys is read-only even to root
+        folder = Path("/sys")
+        if not folder.is_dir() or _can_make(folder):
+            pytest.skip("running as root, and no read-only folder here")
+    out = folder / "servesim-out"
+    for command in (RUN, SWEEP):
+        res = runner.invoke(app, [*command, "--out", str(out)])
+        assert res.exit_code == 1, res.output
+        line = res.output.strip().splitlines()[-1]
+        assert line.startswith(f"error: --out: cannot write {out}: ") and line.endswith(
+            "; give another --out or make it writable"), line
+
+
+def _can_make(folder: Path) -> bool:
+    try:
+        (folder / "servesim-probe").mkdir()
+    except OSError:
+        return False
+    (folder / "servesim-probe").rmdir()
+    return True

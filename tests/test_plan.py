@@ -120,7 +120,7 @@ def test_cli_plan_concurrency_axis(tmp_path: Path) -> None:
     (["--slo-ttft", "1", "--model", "nope"], "unknown model 'nope'"),
     (["--slo-ttft", "1", "--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
     (["--slo-ttft", "1", "--policy", "nope,fifo"], "no cell can run; the first: policy nope"),
-    (["--slo-ttft", "1", "--tensor-parallel-size", "3"], "must divide num_attention_heads"),
+    (["--slo-ttft", "1", "--tensor-parallel-size", "3"], "must be divisible by tensor parallel"),
     (["--slo-ttft", "1", "--burstiness", "-2"], "burstiness must be > 0"),
     (["--slo-ttft", "1", "--trace", "nope.csv"], "not found"),
     (["--slo-ttft", "1", "--start", "inf"], "start must be a finite load > 0"),
@@ -181,7 +181,7 @@ def test_cli_plan_takes_max_model_len_for_a_long_context_model_on_a_small_card(
     args = ["plan", "--gpu", "l4", "--slo-ttft", "1", "--num-requests", "50", "--step-time",
             "0.01", "--seed", "4", "--max-probes", "3", "--workers", "1"]
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
-    assert res.exit_code == 1 and "decrease max_model_len" in res.output, res.output
+    assert res.exit_code == 1 and "decreasing `max_model_len`" in res.output, res.output
     res = runner.invoke(app, [*args, "--max-model-len", "8192", "--out", str(tmp_path / "b")])
     assert res.exit_code == 0, res.output
     plan = json.loads((tmp_path / "b" / "plan.json").read_text())

@@ -343,7 +343,7 @@ def test_fixed_slots_simulate_as_dynamic_ones(monkeypatch: pytest.MonkeyPatch, c
     prep = prepare(RunConfig(scenario="default" if scenario == "mooncake" else scenario,
                              num_requests=120, rate=None if users else 40.0, concurrency=users,
                              prefix_cache=cache, policy=policy, num_gpu_blocks=blocks,
-                             max_num_seqs=24))
+                             max_model_len=(blocks - 1) * 16, max_num_seqs=24))
     if scenario == "mooncake":
         prep = dataclasses.replace(prep, workload=mooncake_like(150, 1))
     fixed_slots: list[bool] = []
@@ -378,7 +378,8 @@ def test_past_the_slot_limit_blocks_are_named_per_request(
     """A workload with more slots than MAX_FIXED_SLOTS hands out segments (the index then
     makes slots per request, compacting as it fills): the same records."""
     prep = prepare(RunConfig(scenario="multi-turn", num_requests=80, rate=40.0,
-                             prefix_cache="block", num_gpu_blocks=600, max_num_seqs=16))
+                             prefix_cache="block", num_gpu_blocks=600, max_model_len=9584,
+                             max_num_seqs=16))
     fixed = simulate_prepared(prep)
     monkeypatch.setattr(workload_content, "MAX_FIXED_SLOTS", 10)
     content = workload_content.prompt_content(prep.workload, prep.config.block_size)

@@ -32,7 +32,7 @@ MAX_BYTES = 10 * 1024 * 1024
 
 def make_run(path: Path, policy: str) -> Path:
     prep = prepare(RunConfig(policy=policy, num_requests=200, step_time=0.01,
-                             max_num_seqs=32, num_gpu_blocks=600))
+                             max_num_seqs=32, num_gpu_blocks=600, max_model_len=8192))
     write_run(path, prep, simulate_prepared(prep))
     return path
 

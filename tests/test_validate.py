@@ -50,9 +50,9 @@ def make_prep(**fields: Any) -> Any:
 
 @pytest.mark.parametrize("fields", [
     {"policy": "chunked"},                        # chunked prefill, mixed steps
-    {"policy": "static"},                         # padded prefill, finished members decode
-    {"policy": "continuous"},
-    {"policy": "chunked", "num_gpu_blocks": 3},   # preempt (recompute) and rejections
+    {"policy": "static", "max_num_batched_tokens": None},  # padded prefill; no budget
+    {"policy": "continuous", "max_num_batched_tokens": 16, "max_model_len": 16},
+    {"policy": "chunked", "num_gpu_blocks": 3, "max_model_len": 8},  # preempt (recompute)
 ], ids=["chunked", "static", "continuous", "preempt"])
 def test_real_run_sees_the_simulated_schedule(fields: dict[str, Any]) -> None:
     pytest.importorskip("torch")
@@ -207,7 +207,7 @@ def test_profile_threads_and_validation_config() -> None:
     assert profile_threads("AMD EPYC (2 cores, 1 torch threads)") == 1
     assert profile_threads("NVIDIA H100 80GB HBM3") is None
     cfg = validation_config(None, scenario="teaching", policy="static")
-    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len) == (32, 512, 2048)
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len) == (32, None, 2048)
     assert cfg.profile and cfg.profile.endswith("cpu-qwen2.5-0.5b.json")
     assert validation_config(None, max_num_seqs=4).max_num_seqs == 4
     assert cache_capacity(make_prep()) == 4 + 8 + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,15 @@ def test_time_scaled_is_a_speedup() -> None:
     assert np.all(workload.time_scaled(math.inf).arrival_time == 0.0)
     with pytest.raises(ValueError, match="time_scale"):
         workload.time_scaled(0.0)
+
+
+def test_time_scale_that_overflows_the_clock_is_refused_without_a_warning() -> None:
+    # 2.0 / 1e-320 overflows float64 (max about 1.8e308): refused by name, and numpy's
+    # overflow warning is not printed beside the error line.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="time_scale"):
+            make_workload(3).time_scaled(1e-320)
 
 
 def test_cut_by_count_and_window() -> None:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scenarios.arrivals import ARRIVAL_PROCESSES
+from scenarios.arrivals import ARRIVAL_PROCESSES, MIN_RATE
 from scenarios.lengths import Independent, InOrder, LengthModel, LogNormal
 from scenarios.prefixes import MultiTurn, PrefixModel, SharedPrefixes
 
@@ -78,8 +78,9 @@ class ScenarioSpec:
             raise ValueError(
                 f"arrival must be one of {', '.join(ARRIVAL_PROCESSES)}; got {self.arrival!r}"
             )
-        if not self.rate > 0:
-            raise ValueError(f"rate must be > 0 requests/s (inf allowed), got {self.rate!r}")
+        if not self.rate >= MIN_RATE:
+            raise ValueError(f"rate must be >= {MIN_RATE:g} requests/s (inf allowed), got "
+                             f"{self.rate!r}")
         if int(self.num_requests) != self.num_requests or self.num_requests < 1:
             raise ValueError(f"num_requests must be an integer >= 1, got {self.num_requests!r}")
         if not self.burstiness > 0:

@@ -212,7 +212,8 @@ def _plan_spec(opts: dict[str, Any], a: dict[str, Any]) -> Any:
     base = RunConfig(**{**opts, "trace_sample": bool(opts["trace_sample"] and opts["trace"])})
     seed = grid.seeds[0] if grid.seeds else 0
     check_cells(dataclasses.replace(base, router=router), grid,
-                lambda c: with_load(c, a["load"], max(a["start"], 1.0), seed))
+                lambda c: with_load(c, a["load"], max(a["start"], 1.0), seed),
+                skip_refused=True)
     target = a["target_rate"] if a["load"] == "rate" else a["target_concurrency"]
     return PlanSpec(base, SLO(slo_ttft, slo_tpot, a["slo_percentile"]), grid,
                     load_axis=a["load"], target=target, start=a["start"],

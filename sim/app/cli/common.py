@@ -19,10 +19,30 @@ INPUT_ERRORS = (ValueError, OSError, MemoryError)
 
 
 def fail(message: str) -> NoReturn:
-    """Print one line to stderr and exit with code 1."""
-    message = message or "out of memory, or an error with no message"
+    """Print one line to stderr and exit with code 1. Called while a MemoryError is being
+    handled (Python's, empty, or numpy's "Unable to allocate ..."), the line is
+    :func:`memory_line`'s instead of ``message``."""
+    handled = sys.exc_info()[1]
+    if isinstance(handled, MemoryError):
+        message = memory_line(handled)
+    message = message or "an error with no message"
     err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(1)
+
+
+def warn(message: str) -> None:
+    """Print one ``warning:`` line to stderr; the command goes on."""
+    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+def memory_line(exc: MemoryError) -> str:
+    """The line for a command that ran out of memory: what could not be allocated (numpy
+    says how much) and what to change. A workload's size sets the memory of a run, and of
+    the sweep, plan, validation or report built on runs, so the line names
+    --num-requests."""
+    what = f"out of memory ({exc})" if str(exc) else "out of memory"
+    return (f"{what}: the workload does not fit in this machine's memory; lower "
+            "--num-requests, or cut a trace with --window")
 
 
 def progress_bar() -> Any:

@@ -7,7 +7,6 @@ written as HTML or PNG.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +116,7 @@ def diagram_cli(
     With the teaching scenario and no ``policies``, a default policy that is not
     registered is skipped with a note; any other bad input raises ValueError.
     """
+    from sim.app.runs.run_config import with_policy
     from sim.engine import SchedulerStuck
 
     for name, v in (("max_steps", max_steps), ("max_slots", max_slots),
@@ -129,16 +129,17 @@ def diagram_cli(
         reason = kaleido_missing()
         if reason:
             raise ValueError(reason)
-    for path, option in ((html_out, "--html"), (png_out, "--png")):
-        if path is not None:  # before any work (sim/app/runs/out_dir.py)
-            check_files(Path(path).parent, [Path(path).name], option)
+    if html_out is not None:  # before any work (sim/app/runs/out_dir.py)
+        check_files(Path(html_out).parent, [Path(html_out).name], "--html")
     cfg = base_config(run_dir, scenario, trace, overrides)
     default = policies is None and scenario == "teaching"
     names = policy_names(policies, TEACHING_POLICIES if default else cfg.policy)
+    if png_out is not None:
+        _check_pngs(Path(png_out), len(names))
     grids: list[SlotGrid] = []
     for name in names:
         try:
-            grids.append(diagram_for_config(replace(cfg, policy=name), max_steps=max_steps,
+            grids.append(diagram_for_config(with_policy(cfg, name), max_steps=max_steps,
                                             max_slots=max_slots, first_step=first_step))
         except ValueError as e:
             if default and str(e).startswith(f"unknown policy {name!r}"):
@@ -163,6 +164,15 @@ def diagram_cli(
         paths = write_pngs([figure(g) for g in grids], Path(png_out))
         echo("wrote " + ", ".join(str(p) for p in paths))
     return grids
+
+
+def _check_pngs(out: Path, count: int) -> None:
+    """Raise ValueError naming --png when a PNG of ``count`` grids (or of one, when the
+    teaching default skips a policy) may not be written (sim/app/runs/out_dir.py)."""
+    from sim.app.reports.report import png_paths
+
+    paths = {*png_paths(out, count), out}
+    check_files(out.parent, sorted(p.name for p in paths), "--png")
 
 
 def _echo_notes(grids: list[SlotGrid], echo: Callable[[str], None]) -> None:

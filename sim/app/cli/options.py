@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +52,10 @@ _ROUTERS = ("round-robin, least-outstanding, least-kv, cache-aware (longest cach
 
 #: Every simulation option, in the order ``--help`` lists them.
 OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
-    Opt("model", str, "llama-3.1-8b", "Model preset (see `servesim list`), or a Hugging "
+    Opt("model", str | None, None, "Model preset (see `servesim list`), or a Hugging "
         "Face config.json or a folder holding one (a local snapshot; `servesim inspect` "
-        "shows what is derived from it)."),
+        "shows what is derived from it). Default: llama-3.1-8b, or with --profile the "
+        "profile's model (another model is refused)."),
     Opt("gpu", str, "h100-sxm", "GPU preset (see `servesim list`) or a GPU spec file "
         "(.json or .toml; keys as in calibration/data/gpus.json)."),
     Opt("dtype", str, "bf16", "Weights and KV dtype: bf16, fp16, fp32."),
@@ -66,14 +68,21 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "module:Class (module may be a path/to/file.py).", "static,continuous,chunked"),
     Opt("max_num_seqs", int | None, None, "Most requests per batch (default: vLLM's API "
         "server's for the GPU: 1024 on H100/H200/B200-class, else 256).", "16,32,64,128,256"),
-    Opt("max_num_batched_tokens", int | None, None, "Token budget per step (default: vLLM's "
-        "API server's for the GPU: 16384 from 160 GiB, 8192 on H100/H200, else 2048; at "
-        "least max_model_len for continuous and static, which never chunk).", "2048,8192"),
+    Opt("max_num_batched_tokens", int | None, None, "Token budget per step, at least a "
+        "--max-num-seqs given with it (a default max_num_seqs is lowered to it, as vLLM "
+        "does), and at least max_model_len for continuous, which never chunks (vLLM "
+        "refuses less); static batching has none (default: vLLM's API server's for the "
+        "GPU: 16384 from 160 GiB, 8192 on H100/H200, else 2048; at least max_model_len "
+        "for continuous).", "2048,8192"),
     Opt("gpu_memory_utilization", float, 0.9,
         "Fraction of GPU memory the engine may use, in (0, 1].", "0.7,0.8,0.9"),
-    Opt("block_size", int, 16, "Tokens per KV block."),
+    Opt("block_size", int | None, None, "Tokens per KV block (default: vLLM's for the "
+        "engine: 128 with a profile of vLLM's CPU engine, else 16)."),
     Opt("max_model_len", int | None, None,
         "Most tokens per request (default: the model's context length)."),
+    Opt("allow_long_max_model_len", bool, False, "Allow a max_model_len above the model's "
+        "context length, as vLLM's env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 does (also "
+        "read here; recorded in config.json).", flags=("--allow-long-max-model-len",)),
     Opt("num_gpu_blocks", int | None, None,
         "Override the KV block count (vLLM's num_gpu_blocks_override)."),
     Opt("kv_cache_memory_bytes", int | None, None,
@@ -221,18 +230,20 @@ def config_options(ctx: typer.Context, opts: dict[str, Any],
                    list_forms: Collection[str] = ()) -> dict[str, Any]:
     """A command's option values with those of its ``--config`` file where no flag was
     given (``ctx``, the command's context, says which were), and
-    ``--[no-]enable-prefix-caching`` as ``prefix_cache``; sim/app/runs/config_file.py reads
-    the file. ``list_forms`` are the options the command takes
+    ``--[no-]enable-prefix-caching`` as ``prefix_cache``, and vLLM's env var
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN as ``--allow-long-max-model-len`` (allow_long);
+    sim/app/runs/config_file.py reads the file. ``list_forms`` are the options the command takes
     comma-separated (sweep's and plan's axes). Prints the file's warnings (ignored keys,
     a changed trace) on stderr, one line each; bad input exits with one line (fail)."""
-    from sim.app.cli.common import INPUT_ERRORS, err_console, fail
+    from sim.app.cli.common import INPUT_ERRORS, fail, warn
 
     try:
         opts, warnings = _with_file(dict(opts), _given(ctx, opts), set(list_forms))
     except INPUT_ERRORS as e:
         fail(str(e))
+    allow_long(opts, os.environ)
     for line in warnings:
-        err_console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
+        warn(line)
     return opts
 
 
@@ -263,6 +274,21 @@ def _with_file(opts: dict[str, Any], given: set[str],
     if changed is not None:
         warnings.append(changed)
     return opts, warnings
+
+
+#: vLLM's env var that allows a max_model_len above the model's context (vLLM 0.32
+#: vllm/envs.py: "1" or "true", any case, spaces stripped).
+ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+
+
+def allow_long(opts: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Set ``allow_long_max_model_len`` in a command's ``opts`` (when it takes it) where
+    ``environ`` sets VLLM_ALLOW_LONG_MAX_MODEL_LEN as vLLM reads it; the flag, a config
+    file or the env var each allow it."""
+    if "allow_long_max_model_len" not in opts:
+        return
+    if environ.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
+        opts["allow_long_max_model_len"] = True
 
 
 def _given(ctx: typer.Context, opts: Mapping[str, Any]) -> set[str]:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
+from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar, warn
 from sim.app.cli.options import (
     CONFIG_OPTION,
     OPTIONS,
@@ -42,13 +42,13 @@ def run(
 ) -> None:
     """Simulate one engine on a workload and write requests.csv, steps.csv, summary.json
     and config.json to --out."""
-    from sim.app.runs.compare import parse_cells
+    from sim.app.runs.compare import base_options, parse_cells
     from sim.app.runs.runner import RunConfig, prepare
 
     opts = config_options(ctx, opts)
     try:
-        cfg = RunConfig(**opts)
         cells = parse_cells(compare) if compare is not None else None
+        cfg = RunConfig(**(opts if cells is None else base_options(opts, cells)))
         out = out or Path("runs/compare" if cells is not None else "runs/latest")
         _check_out(cfg, cells, out, report)
         prep = prepare(cfg)
@@ -56,7 +56,7 @@ def run(
         fail(str(e))
     _print_engine(prep)
     if cells is not None:
-        _compare(prep, cells, out)
+        _compare(cfg, prep, cells, out)
         if report:  # one report over every cell
             _write_report([out / c.dir_name for c in cells], out / "report.html")
         return
@@ -67,17 +67,22 @@ def run(
 
 def _check_out(cfg: Any, cells: list[Any] | None, out: Path, report: bool) -> None:
     """Refuse (ValueError) what would fail only after simulating: a compare cell's config
-    or run directory, a run directory where compare writes cells, a report that may not
-    be written, the router of a single run, a directory that is not a previous run."""
-    from sim.app.runs.compare import cell_config
+    (vLLM's start-up checks on its own engine) or run directory, a run directory where
+    compare writes cells, a report that may not be written, the router of a single run,
+    a directory that is not a previous run. Prints compare's note on a budget that a
+    static cell does not take."""
+    from sim.app.runs.compare import budget_note, check_cell
     from sim.app.runs.out_dir import check_files, check_run_dir, is_run_dir
     from sim.app.runs.runner import check_router
 
     for c in cells or []:  # every cell checked before any output
-        cell_config(cfg, c)
+        check_cell(cfg, c)
         check_run_dir(out / c.dir_name)
+    note = budget_note(cfg, cells) if cells is not None else None
+    if note is not None:
+        warn(note)
     if cells is not None and is_run_dir(out):
-        raise ValueError(f"out: {out} is a run directory; --compare writes a run "
+        raise ValueError(f"--out: {out} is a run directory; --compare writes a run "
                          "directory per cell under --out: give another")
     if cells is not None and report:
         check_files(out, ("report.html",))
@@ -118,12 +123,13 @@ def _single(prep: Any, out: Path, full_steps: bool) -> None:
     console.print(f"wrote {out}/requests.csv, steps.csv, summary.json, config.json")
 
 
-def _compare(prep: Any, cells: list[Any], out: Path) -> None:
+def _compare(cfg: Any, prep: Any, cells: list[Any], out: Path) -> None:
+    """Simulate every cell of ``cfg`` (as given) on ``prep``'s workload; print the table."""
     from sim.app.runs.compare import compare_table, run_compare
     from sim.engine import SchedulerStuck
 
     try:
-        results = run_compare(prep, cells, out, _run_with_progress)
+        results = run_compare(cfg, prep.workload, cells, out, _run_with_progress)
     except (SchedulerStuck, *INPUT_ERRORS) as e:
         fail(str(e))
     console.print(compare_table(results, title=f"compare ({prep.cost_model_label})"))
@@ -143,7 +149,7 @@ def _write_report(run_dirs: list[Path], out: Path) -> None:
     from sim.app.reports.report import write_report
 
     try:
-        size = write_report(run_dirs, out)
+        size = write_report(run_dirs, out, warn)
     except INPUT_ERRORS as e:
         fail(str(e))
     console.print(f"wrote {out} ({size / 1e6:.1f} MB)")

@@ -10,6 +10,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from sim.app.runs.out_dir import GENERATOR_META
+
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 table{border-collapse:collapse;margin:8px 0 20px;font-size:13px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -21,7 +23,9 @@ pre{font-size:13px;background:#f7f7f7;padding:8px;overflow-x:auto}
 
 def page(title: str, parts: Sequence[str | Any]) -> str:
     """A self-contained HTML page: ``parts`` are HTML strings or plotly figures, in order.
-    plotly.js is inlined once in the head; each figure is a div and an inline script."""
+    plotly.js is inlined once in the head; each figure is a div and an inline script. The
+    head carries servesim's generator mark (sim/app/runs/out_dir.py), so a later command
+    may replace the page."""
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
@@ -36,7 +40,7 @@ def page(title: str, parts: Sequence[str | Any]) -> str:
             part, full_html=False, include_plotlyjs=False, div_id=f"figure-{n}",
             config={"displaylogo": False, "responsive": True}) + "</div>")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{CSS}</style>\n"
+            f"{GENERATOR_META}<title>{html.escape(title)}</title><style>{CSS}</style>\n"
             f"<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head><body>\n"
             f"<h1>{html.escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n")
 

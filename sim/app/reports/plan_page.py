@@ -19,6 +19,7 @@ import pandas as pd
 
 from sim.app.runs.out_dir import write_files
 from sim.app.runs.plan import BURSTINESS_LEVELS, ConfigResult, PlanResult, gpus_estimate
+from sim.app.runs.run_config import config_record
 from sim.app.runs.runner import MAX_REPLICAS
 from sim.saturation import RULE
 
@@ -340,7 +341,7 @@ def to_json(res: PlanResult) -> dict[str, Any]:
         return x
     spec = res.spec
     return conv({
-        "base": spec.base, "slo": spec.slo, "load_axis": spec.load_axis,
+        "base": config_record(spec.base), "slo": spec.slo, "load_axis": spec.load_axis,
         "target": spec.target, "router": spec.router, "seeds": list(spec.grid.seeds),
         "tolerance": spec.tolerance,
         "answer": answer_lines(res),

@@ -19,9 +19,10 @@ Size control, so a 19,366-request replay stays a few MB on top of plotly.js (~4.
 
 from __future__ import annotations
 
+import functools
 import html
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import pandas as pd
 from sim.app.reports.html_page import page
 from sim.app.reports.run_dir import RunData, load_runs
 from sim.app.reports.tables import config_table, headline_table, latency_table
-from sim.app.runs.out_dir import write_files
+from sim.app.runs.out_dir import check_files, mark_png, write_files
 
 CDF_POINTS = 1000
 TIMELINE_POINTS = 2000
@@ -257,11 +258,16 @@ def report_figures(runs: list[RunData]) -> list[Any]:
     return [cdf_figure(runs), timeline_figure(runs), throughput_figure(runs)]
 
 
-def write_report(paths: Sequence[Path], out: Path) -> int:
-    """Load the runs, write the report to ``out`` and return its size in bytes."""
-    runs = load_runs(paths)
-    text = page("servesim report", report_parts(runs))
+def write_report(paths: Sequence[Path], out: Path,
+                 warn: Callable[[str], None] | None = None) -> int:
+    """Load the runs, write the report to ``out`` and return its size in bytes. Raises
+    ValueError naming --out, before loading, when ``out`` may not be written
+    (sim/app/runs/out_dir.py: a file there that is not a servesim page), or naming a run
+    directory that fails its checks (run_dir.load_run, which gives ``warn`` its lines)."""
     out = Path(out)
+    check_files(out.parent, [out.name])
+    runs = load_runs(paths, warn)
+    text = page("servesim report", report_parts(runs))
     write_files(out.parent, {out.name: lambda: text})
     return len(text.encode("utf-8"))
 
@@ -273,18 +279,30 @@ def kaleido_missing() -> str | None:
     return None
 
 
-def write_pngs(figs: Sequence[Any], out: Path) -> list[Path]:
-    """Write each figure as ``out`` (one figure) or ``out-1.png``, ``out-2.png``, ...
-    Raises ValueError with a one-line reason when kaleido is missing or fails."""
+def png_paths(out: Path, count: int) -> list[Path]:
+    """Where write_pngs puts ``count`` figures: ``out`` for one, else ``out-1.png``, ..."""
+    out = Path(out)
+    return [out] if count == 1 else [
+        out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}") for i in range(count)]
+
+
+def write_pngs(figs: Sequence[Any], out: Path, option: str = "--png") -> list[Path]:
+    """Write each figure as a PNG at png_paths(out, len(figs)), marked as servesim's
+    (sim/app/runs/out_dir.py mark_png), all or none. Raises ValueError with a one-line
+    reason when kaleido is missing or fails, or naming ``option`` when a file there may
+    not be replaced."""
     reason = kaleido_missing()
     if reason:
         raise ValueError(reason)
-    out = Path(out)
-    paths = [out] if len(figs) == 1 else [
-        out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}") for i in range(len(figs))]
-    for fig, p in zip(figs, paths, strict=True):
+    paths = png_paths(out, len(figs))
+    check_files(paths[0].parent, [p.name for p in paths], option)
+    images = []
+    for fig in figs:
         try:
-            fig.write_image(str(p), width=1400, height=fig.layout.height or 700)
+            images.append(mark_png(fig.to_image(format="png", width=1400,
+                                                height=fig.layout.height or 700)))
         except Exception as e:  # kaleido's errors vary by version; report them in one line
             raise ValueError(f"PNG export failed: {e}".splitlines()[0]) from e
-    return paths
+    files: dict[str, Callable[[], str | bytes]] = {
+        p.name: functools.partial(bytes, b) for p, b in zip(paths, images, strict=True)}
+    return write_files(paths[0].parent, files, option)

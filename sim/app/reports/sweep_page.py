@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.app.runs.out_dir import write_files
+from sim.app.runs.out_dir import GENERATOR_META, write_files
 from sim.app.runs.runner import RunConfig
 from sim.app.runs.sweep import Grid, aggregate
 
@@ -38,11 +38,12 @@ code{background:#f5f5f5;padding:0 3px}
 
 
 def page(title: str, body: Sequence[str]) -> str:
-    """A whole HTML document: ``title``, plotly.js inline in the head, then ``body``."""
+    """A whole HTML document: ``title``, plotly.js inline in the head, then ``body``; the
+    head carries servesim's generator mark (sim/app/runs/out_dir.py)."""
     from plotly.offline import get_plotlyjs
 
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+            f"{GENERATOR_META}<title>{html.escape(title)}</title><style>{_CSS}</style>"
             f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
             f"<h1>{html.escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n")
 

@@ -14,14 +14,40 @@ Local workers start with the ``forkserver`` method where there is one (a clean,
 single-threaded parent, whatever threads the CLI's progress bar runs): as with any
 non-fork start method, a script that starts a sweep must guard its entry point with
 ``if __name__ == "__main__":``.
+
+No worker outlives the process that started it, and a stop ends them at once. Each local
+worker watches a *lifeline*, a pipe whose write end only this process holds, and exits the
+moment it closes, whatever it is computing: the ``with`` block closes it on the way out
+of an exception (Ctrl-C, a signal the CLI turned into one), so an interrupted map ends in
+milliseconds instead of after its running tasks, and the kernel closes it when this
+process dies, even by SIGKILL. (Linux's PR_SET_PDEATHSIG would not do: a forkserver
+worker's parent is the forkserver, which exits only once every worker has, as they hold
+its "alive" pipe, so neither would ever go.) The pool stays a ProcessPoolExecutor rather
+than a multiprocessing.Pool, whose terminate() would end it as quickly: a worker killed
+from outside (the OOM killer) fails this map with BrokenProcessPool, where a Pool's map
+waits for it forever. Workers ignore SIGINT and SIGHUP, which a terminal sends to its
+whole process group: this process decides, and ends them.
+
+Python runs signal handlers on the main thread only, so what a stop must not cut halfway
+runs on a helper thread: submitting, which starts the workers (one cut between its fork
+and its hand-over to the pool would die with a traceback), and Ray's waits (Ray turns any
+exception but KeyboardInterrupt that a handler raises inside its calls into a
+SystemError). On Ray, an interrupted map cancels its tasks (force=True: their worker
+processes are killed) and a local instance started here is shut down; when this process
+is killed outright, that instance's processes end with it (Ray fate-shares them).
+``ray.init`` replaces the SIGTERM handler with its own; the caller's are put back once it
+returns.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -50,6 +76,27 @@ def _pool_context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
+#: Signals a terminal sends to its whole foreground process group; workers leave them to
+#: the process that started them.
+_GROUP_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
+def _start_worker(lifeline: Connection) -> None:
+    """Worker initializer: ignore the terminal's signals and exit when ``lifeline`` closes
+    (module docstring)."""
+    for signum in _GROUP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    threading.Thread(target=_exit_when_closed, args=(lifeline,), daemon=True,
+                     name="servesim-lifeline").start()
+
+
+def _exit_when_closed(lifeline: Connection) -> None:
+    """Block until the starting process closes (or loses) the lifeline's write end, then
+    end this worker at once: its task's result has no one left to take it."""
+    lifeline.poll(None)  # nothing is ever sent: readable means closed
+    os._exit(1)
+
+
 class Executor:
     """``with Executor(workers, backend, address) as ex: ex.map(fn, items)``.
 
@@ -71,29 +118,54 @@ class Executor:
         self.address = address
         self.workers = workers or default_workers()
         self._pool: ProcessPoolExecutor | None = None
+        self._lifeline: Connection | None = None  # the write end; the workers hold the other
         self._ray: Any = None
         self._ray_started = False
 
     def __enter__(self) -> Executor:
         if self.backend == "ray":
-            try:
-                import ray
-            except ImportError as e:
-                raise ValueError(RAY_MISSING) from e
-            self._ray = ray
-            if not ray.is_initialized():
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
-                self._ray_started = True
+            self._start_ray()
         elif self.workers > 1:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers,
-                                             mp_context=_pool_context())
+            ctx = _pool_context()
+            reader, self._lifeline = ctx.Pipe(duplex=False)
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                             initializer=_start_worker, initargs=(reader,))
         return self
+
+    def _start_ray(self) -> None:
+        """Import ray and join its cluster (or start a local instance); the caller's
+        signal handlers are put back after ``ray.init`` (module docstring)."""
+        try:
+            import ray
+        except ImportError as e:
+            raise ValueError(RAY_MISSING) from e
+        self._ray = ray
+        if ray.is_initialized():
+            return
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, *_GROUP_SIGNALS)}
+        try:
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            self._ray_started = True
+        except BaseException:
+            ray.shutdown()  # whatever an interrupted start had started
+            raise
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                for signum, handler in handlers.items():
+                    signal.signal(signum, handler)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        """Release the pool or Ray. After an exception the local workers are ended at once
+        (their running tasks are abandoned); otherwise they are idle and exit by
+        themselves."""
         if self._pool is not None:
+            assert self._lifeline is not None
+            if exc_type is not None:
+                self._lifeline.close()
             self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+            self._lifeline.close()
+            self._pool = self._lifeline = None
         if self._ray_started:
             self._ray.shutdown()
             self._ray_started = False
@@ -115,10 +187,8 @@ class Executor:
 
     def _map_pool(self, fn: Callable[[T], R], items: Sequence[T],
                   on_done: Callable[[int], None] | None) -> list[R]:
-        assert self._pool is not None
         results: list[Any] = [None] * len(items)
-        futures: dict[Future[R], int] = {self._pool.submit(fn, x): i
-                                         for i, x in enumerate(items)}
+        futures = self._submit_all(fn, items)
         try:
             for done, fut in enumerate(as_completed(futures), start=1):
                 results[futures[fut]] = fut.result()
@@ -130,18 +200,50 @@ class Executor:
             raise
         return results
 
+    def _submit_all(self, fn: Callable[[T], R], items: Sequence[T]) -> dict[Future[R], int]:
+        """Every item submitted to the pool (future: its index), from a helper thread. The
+        first submits start the workers, and Python runs signal handlers on the main
+        thread only: a stop (the CLI's exception) cannot leave a worker half-started, forked
+        but not yet known to the pool (it would die with a traceback once this process's
+        semaphores are gone). A stop while they start waits for them (the forkserver's
+        start, a second or so), then goes on."""
+        pool = self._pool
+        assert pool is not None
+
+        def submit_all() -> dict[Future[R], int]:
+            return {pool.submit(fn, x): i for i, x in enumerate(items)}
+
+        with ThreadPoolExecutor(1, thread_name_prefix="servesim-submit") as submitter:
+            return submitter.submit(submit_all).result()
+
     def _map_ray(self, fn: Callable[[T], R], items: Sequence[T],
                  on_done: Callable[[int], None] | None) -> list[R]:
+        """Ray's tasks, waited for on a helper thread: Ray runs Python's signal handlers
+        inside its own blocking calls and turns any exception they raise but
+        KeyboardInterrupt into a SystemError, whereas a helper thread runs none (Python
+        runs them on the main thread only), so a stop reaches this thread as it was
+        raised. On any exception the tasks are cancelled, force=True: their worker
+        processes are killed, not only the queued tasks dropped."""
         ray = self._ray
         remote = ray.remote(fn)
-        refs = [remote.remote(x) for x in items]
-        pending, finished = list(refs), 0
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            finished += len(ready)
-            if on_done is not None:
-                on_done(finished)
-        return list(ray.get(refs))
+        refs: list[Any] = []
+
+        def wait_all() -> list[R]:
+            pending = list(refs)
+            while pending:
+                _, pending = ray.wait(pending, num_returns=1)
+                if on_done is not None:
+                    on_done(len(refs) - len(pending))
+            return list(ray.get(refs))
+
+        with ThreadPoolExecutor(1, thread_name_prefix="servesim-ray") as waiter:
+            try:
+                refs.extend(remote.remote(x) for x in items)
+                return waiter.submit(wait_all).result()
+            except BaseException:
+                for ref in refs:  # a finished task's cancel does nothing
+                    ray.cancel(ref, force=True)
+                raise
 
 
 def map_ordered(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = None,

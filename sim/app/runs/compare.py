@@ -7,11 +7,17 @@ a prefix cache (none, block, radix), and overrides that one setting of the base 
 Modifiers are read from the right, so a user policy keeps its own colon:
 ``my_pkg.mod:MyPolicy:reserve``. Cells are separated by commas: ``static,continuous,chunked``
 or ``chunked:paged,chunked:reserve:swap`` or ``chunked:none,chunked:block,chunked:radix``.
+
+Each cell is its own engine, as a vLLM launch of its own would be: the batch limits the
+user left unset are vLLM's defaults for the cell's policy (a continuous cell's budget is
+at least max_model_len), which size its own KV cache, on the workload every cell shares.
+A static cell takes no token budget: a budget given applies to the other cells
+(budget_note says so). Every cell is checked, vLLM's start-up checks included, before
+any runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +27,12 @@ from typing import Any
 from rich.table import Table
 
 from policies.registry import POLICIES, get_policy_class
+from scenarios.workload import Workload
+from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.out_dir import check_run_dir, commit_dirs, discard
+from sim.app.runs.run_config import with_policy
 from sim.app.runs.run_files import stage_run
-from sim.app.runs.runner import Prepared, RunConfig, check_router, prefix_cache_mode
+from sim.app.runs.runner import Prepared, RunConfig, check_config, check_router, prepare_on
 from sim.config import KV_ALLOCATIONS, PREEMPTION_MODES, PREFIX_CACHE_MODES, QUEUE_ORDERS
 from sim.simulate import SimResult
 
@@ -81,43 +90,77 @@ def parse_cells(spec: str) -> list[Cell]:
     return cells
 
 
+def base_options(opts: dict[str, Any], cells: list[Cell]) -> dict[str, Any]:
+    """run's options for the base config of a compare, whose cells set the policies: a
+    --policy without a token budget (static) given with one gives way to the first cell
+    that takes it, which the base then prepares; the budget is the cells' (a static cell
+    runs without it: budget_note). Unchanged when no cell takes a budget."""
+    if opts.get("policy") not in UNBUDGETED_POLICIES or opts.get(
+            "max_num_batched_tokens") is None:
+        return opts
+    budgeted = [c.policy for c in cells if c.policy not in UNBUDGETED_POLICIES]
+    return {**opts, "policy": budgeted[0]} if budgeted else opts
+
+
 def cell_config(base: RunConfig, cell: Cell) -> RunConfig:
-    """The cell's whole config: ``base`` with the cell's policy and overrides, validated
-    (the router included); ValueError naming the cell for one that cannot run."""
-    overrides: dict[str, Any] = dict(cell.overrides)
+    """The cell's whole config: ``base`` as given (limits left unset stay unset, for the
+    cell's own defaults) with the cell's policy and overrides, less a token budget for a
+    static cell; ValueError naming the cell for one whose router cannot run."""
     try:
-        cfg = dataclasses.replace(base, policy=cell.policy, **overrides)
+        cfg = with_policy(base, cell.policy, **cell.overrides)
         check_router(cfg)
     except ValueError as e:
         raise ValueError(f"compare: cell {cell.label!r}: {e}") from None
     return cfg
 
 
-def cell_prepared(base: Prepared, cell: Cell) -> Prepared:
-    """The base run with the cell's policy and overrides; the workload object is shared,
-    so every cell simulates exactly the same requests."""
-    cfg = cell_config(base.config, cell)
-    overrides: dict[str, Any] = {**cell.overrides,
-                                 "prefix_cache": prefix_cache_mode(cfg, base.workload)}
-    sched = dataclasses.replace(base.scheduler, **overrides)
-    return dataclasses.replace(base, config=cfg, scheduler=sched)
+def check_cell(base: RunConfig, cell: Cell) -> None:
+    """Raise what preparing the cell would (vLLM's start-up checks for its own limits
+    and pool, the router), as ValueError naming the cell; nothing is simulated."""
+    cfg = cell_config(base, cell)
+    try:
+        check_config(cfg, workload=False)
+    except ValueError as e:
+        raise ValueError(f"compare: cell {cell.label!r}: {e}") from None
+
+
+def budget_note(base: RunConfig, cells: list[Cell]) -> str | None:
+    """One line when a token budget is given and some cell is static, which has none:
+    the budget applies to the other cells only. None otherwise."""
+    static = [c.label for c in cells if c.policy in UNBUDGETED_POLICIES]
+    if base.max_num_batched_tokens is None or not static:
+        return None
+    return (f"--max-num-batched-tokens {base.max_num_batched_tokens} applies to the "
+            f"other cells: static batching has no token budget ({', '.join(static)} run "
+            "without one)")
+
+
+def cell_prepared(base: RunConfig, workload: Workload, cell: Cell) -> Prepared:
+    """The cell's run: its own engine (prepare_on) on ``workload``, the object every cell
+    shares, so every cell simulates exactly the same requests."""
+    try:
+        return prepare_on(cell_config(base, cell), workload)
+    except ValueError as e:
+        raise ValueError(f"compare: cell {cell.label!r}: {e}") from None
 
 
 def run_compare(
-    base: Prepared, cells: list[Cell], out: Path,
+    base: RunConfig, workload: Workload, cells: list[Cell], out: Path,
     simulate_fn: Callable[[Prepared], SimResult],
 ) -> list[tuple[Cell, dict[str, Any]]]:
-    """Simulate every cell on the base workload, write ``out/<cell>/`` for each, and
-    return (cell, summary) pairs in order. The cells' run directories are staged as
-    they finish and swapped in together at the end, so a cell that fails leaves every
-    previous run directory as it was; each is checked before the first simulation
-    (sim/app/runs/out_dir.py: ValueError for one that is not a run directory)."""
+    """Simulate every cell of ``base`` (the config as given) on ``workload``, write
+    ``out/<cell>/`` for each, and return (cell, summary) pairs in order. Every cell is
+    prepared (and so checked) before the first simulation; the cells' run directories
+    are staged as they finish and swapped in together at the end, so a cell that fails
+    leaves every previous run directory as it was; each is checked before the first
+    simulation (sim/app/runs/out_dir.py: ValueError for one that is not a run
+    directory)."""
     for cell in cells:
         check_run_dir(Path(out) / cell.dir_name)
+    preps = [cell_prepared(base, workload, cell) for cell in cells]
     results, staged = [], []
     try:
-        for cell in cells:
-            prep = cell_prepared(base, cell)
+        for cell, prep in zip(cells, preps, strict=True):
             res = simulate_fn(prep)
             path = Path(out) / cell.dir_name
             staged.append((stage_run(path, prep, res), path))

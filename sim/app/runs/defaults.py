@@ -4,8 +4,9 @@ prefix caching, on wherever it can do anything.
 
 Source: vLLM 0.32.0, vllm/engine/arg_utils.py: ``EngineArgs.get_batch_defaults`` (the
 per-device tables), ``_set_default_max_num_seqs_and_batched_tokens_args`` (applied only to
-what the user left unset, and the budget raised to max_model_len when chunked prefill is
-off) and ``_set_default_chunked_prefill_and_prefix_caching_args`` (prefix caching on for
+what the user left unset: the budget raised to max_model_len when chunked prefill is off
+and capped at max_num_seqs x max_model_len, a default max_num_seqs lowered to the
+budget) and ``_set_default_chunked_prefill_and_prefix_caching_args`` (prefix caching on for
 every model that supports it: all of vLLM V1's decoder-only generators).
 """
 
@@ -19,6 +20,11 @@ GIB = 1 << 30
 
 #: Policies that never chunk a prompt (vLLM with enable_chunked_prefill off).
 UNCHUNKED_POLICIES = ("continuous", "static")
+
+#: Policies without a token budget: static batching prefills a whole batch in one step
+#: and decodes it to the end, whatever the tokens (docs/policies.md). A run of one takes
+#: no max_num_batched_tokens and records none.
+UNBUDGETED_POLICIES = ("static",)
 
 
 @dataclass(frozen=True)
@@ -48,15 +54,27 @@ def batch_limits(gpu: GPUSpec, policy: str, max_model_len: int,
                  max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None) -> BatchDefaults:
     """The run's batch limits: those given, and vLLM's API-server defaults on ``gpu`` for
-    those not (None); a default token budget is raised to ``max_model_len`` for a policy
-    that never chunks a prompt (vLLM then needs a whole prompt to fit one step)."""
+    those not (None), adjusted as vLLM adjusts them: a default token budget is raised to
+    ``max_model_len`` for a policy that never chunks a prompt (vLLM then needs a whole
+    prompt to fit one step) and capped at max_num_seqs x max_model_len; a default
+    max_num_seqs is lowered to the budget (so a budget given alone, below the default
+    max_num_seqs, starts; only a max_num_seqs given above the budget is refused,
+    sim/app/runs/startup_checks.py). For a policy without a budget (static) the token
+    count is the one vLLM's profile run would use, which sizes the KV cache
+    (calibration/memory.py), not a budget."""
     d = api_server_batch_defaults(gpu)
+    seqs = d.max_num_seqs if max_num_seqs is None else max_num_seqs
+    # Out-of-range inputs pass through unadjusted, for the check that names them.
+    valid = seqs >= 1 and max_model_len >= 1
     if max_num_batched_tokens is None:
         max_num_batched_tokens = d.max_num_batched_tokens
         if policy in UNCHUNKED_POLICIES:
             max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
-    return BatchDefaults(d.max_num_seqs if max_num_seqs is None else max_num_seqs,
-                         max_num_batched_tokens)
+        if valid:
+            max_num_batched_tokens = min(seqs * max_model_len, max_num_batched_tokens)
+    if max_num_seqs is None and max_num_batched_tokens >= 1:
+        seqs = min(seqs, max_num_batched_tokens)
+    return BatchDefaults(seqs, max_num_batched_tokens)
 
 
 def default_prefix_cache(policy: str, kv_allocation: str, has_content: bool) -> str:

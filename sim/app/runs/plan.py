@@ -41,6 +41,7 @@ from sim.app.runs.load_search import (
     with_load,
 )
 from sim.app.runs.runner import MAX_REPLICAS, RunConfig, prepare, simulate_prepared
+from sim.app.runs.startup_checks import Refused
 from sim.app.runs.sweep import Grid
 from sim.engine import SchedulerStuck
 
@@ -148,13 +149,7 @@ Runner = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
 def run_plan(spec: PlanSpec, runner: Runner) -> PlanResult:
     """The whole plan. ``runner(fn, items)`` maps fn over items in parallel, in order
     (sim.app.runs.backends.map_ordered with the CLI's workers and backend)."""
-    configs = [ConfigResult(i, knobs, dataclasses.replace(spec.base, **knobs))
-               for i, knobs in enumerate(spec.grid.cells())]
-    for c in configs:
-        try:
-            prepare(dataclasses.replace(c.config, num_requests=1))
-        except (ValueError, FileNotFoundError) as e:
-            c.error = str(e)
+    configs = candidates(spec)
     tasks = [SearchTask(c.index, c.config, s, spec.slo, spec.load_axis, spec.start,
                         spec.tolerance, spec.max_probes)
              for c in configs if not c.error for s in spec.grid.seeds]
@@ -169,6 +164,27 @@ def run_plan(spec: PlanSpec, runner: Runner) -> PlanResult:
     bursts = burstiness_evidence(spec, best, load, runner)
     loops = loop_comparison(spec, best, load, runner)
     return PlanResult(spec, configs, best, checks, replicas, load, bursts, loops)
+
+
+def candidates(spec: PlanSpec) -> list[ConfigResult]:
+    """The grid's configs, each prepared once (one request) before any search: one that
+    cannot be built or run carries its error and is not searched; one vLLM refuses at
+    start-up (startup_checks.Refused) is skipped, and its note says why."""
+    configs = []
+    for i, knobs in enumerate(spec.grid.cells()):
+        try:
+            c = ConfigResult(i, knobs, dataclasses.replace(spec.base, **knobs))
+        except ValueError as e:  # knobs that make no config (static with a budget)
+            configs.append(ConfigResult(i, knobs, spec.base, error=str(e)))
+            continue
+        try:
+            prepare(dataclasses.replace(c.config, num_requests=1))
+        except Refused as e:
+            c.error = f"skipped: vLLM refuses it at start-up: {e}"
+        except (ValueError, FileNotFoundError) as e:
+            c.error = str(e)
+        configs.append(c)
+    return configs
 
 
 def gpus_estimate(spec: PlanSpec, c: ConfigResult) -> float:

@@ -13,6 +13,7 @@ import numpy as np
 
 from sim.app.runs.config_file import VERSION, trace_record
 from sim.app.runs.out_dir import commit_dirs, stage_dir
+from sim.app.runs.run_config import config_record
 from sim.app.runs.runner import Prepared
 from sim.metrics import compress_steps
 from sim.simulate import SimResult
@@ -23,7 +24,8 @@ def resolved_config(prep: Prepared) -> dict[str, Any]:
     """config.json: the flags as resolved, the trace file's size and sha256, and what was
     derived from them (sim/app/runs/config_file.py reads it back)."""
     cfg = prep.config
-    out: dict[str, Any] = {"servesim_version": VERSION, **dataclasses.asdict(cfg),
+    assert cfg.block_size is not None, "RunConfig resolves the block size"
+    out: dict[str, Any] = {"servesim_version": VERSION, **config_record(cfg),
                            **trace_record(cfg.trace)}
     out["resolved"] = {
         "max_model_len": prep.scheduler.max_model_len,

@@ -31,6 +31,7 @@ from sim.app.runs.runner import (
     prepare,
     simulate_prepared,
 )
+from sim.app.runs.startup_checks import Refused
 from sim.engine import SchedulerStuck
 from sim.latency_stats import meets_slos
 
@@ -217,40 +218,58 @@ def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
 
 def check_cells(base: RunConfig, grid: Grid,
                 at_load: Callable[[RunConfig], RunConfig] | None = None,
-                think_time: float = 0.0) -> None:
+                think_time: float = 0.0, skip_refused: bool = False) -> None:
     """Before anything runs: check_router_cells (a router that needs a cache refuses a
     prefix_cache axis holding none), then runner.check_config on the config each cell
     runs (as cell_tasks builds it, at its first seed; ``at_load`` gives a plan's cell at
-    the load it starts from), each distinct load's workload built once. A cell that
-    cannot run is left to run and report its error (sweep.csv's ``error``, the plan's
-    note); when no cell can, raise the first one's ValueError, prefixed with its knobs
-    when there are several cells."""
+    the load it starts from), each distinct load's workload built once. A cell that vLLM
+    refuses at start-up (startup_checks.Refused) refuses the sweep, naming the cell,
+    unless ``skip_refused`` (a plan skips such a candidate). Any other cell that cannot
+    run is left to run and report its error (sweep.csv's ``error``, the plan's note);
+    when no cell can, raise the first one's ValueError, prefixed with its knobs when
+    there are several cells."""
     check_router_cells(base, grid)
     workloads: dict[tuple[Any, ...], str | None] = {}  # a load's workload error, if any
-    first = None
+    first, runnable = None, False
     tasks = cell_tasks(base, dataclasses.replace(grid, seeds=grid.seeds[:1]), think_time)
     for task in tasks:
-        key = tuple(task.knobs.get(k) for k in ("rate", "concurrency", "burstiness"))
-        try:
-            if task.error:
-                raise ValueError(task.error)
-            cfg = at_load(task.config) if at_load is not None else task.config
-            cfg = check_config(cfg, workload=False)
-            if key not in workloads:
-                try:
-                    check_workload(cfg)
-                    workloads[key] = None
-                except (ValueError, FileNotFoundError) as e:
-                    workloads[key] = str(e)
-            if workloads[key] is None:
-                return  # one cell can run
-            error = workloads[key]
-        except (ValueError, FileNotFoundError) as e:
-            error = str(e)
         where = ", ".join(f"{k} {v}" for k, v in task.knobs.items())
-        first = first or (f"{where}: {error}" if len(tasks) > 1 else error)
-    if first is not None:
+        try:
+            error = _cell_error(task, at_load, None if runnable else workloads)
+        except Refused as e:
+            if not skip_refused:
+                raise Refused(f"sweep cell {where}: {e}" if where else str(e)) from None
+            error = str(e)
+        runnable = runnable or error is None
+        if error is not None:
+            first = first or (f"{where}: {error}" if len(tasks) > 1 else error)
+    if not runnable and first is not None:
         raise ValueError(first if len(tasks) == 1 else f"no cell can run; the first: {first}")
+
+
+def _cell_error(task: CellTask, at_load: Callable[[RunConfig], RunConfig] | None,
+                workloads: dict[tuple[Any, ...], str | None] | None) -> str | None:
+    """Why ``task``'s cell cannot run (None when it can); its load's workload is built
+    once into ``workloads`` (None: the workload is not checked, a cell already runs).
+    Raises Refused for a cell vLLM refuses at start-up."""
+    key = tuple(task.knobs.get(k) for k in ("rate", "concurrency", "burstiness"))
+    try:
+        if task.error:
+            return task.error
+        cfg = check_config(at_load(task.config) if at_load else task.config, workload=False)
+        if workloads is None:
+            return None
+        if key not in workloads:
+            try:
+                check_workload(cfg)
+                workloads[key] = None
+            except (ValueError, FileNotFoundError) as e:
+                workloads[key] = str(e)
+        return workloads[key]
+    except Refused:
+        raise
+    except (ValueError, FileNotFoundError) as e:
+        return str(e)
 
 
 def check_router_cells(base: RunConfig, grid: Grid) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.run_files import resolved_config
 from sim.app.runs.runner import (
     Prepared,
@@ -132,6 +133,8 @@ def validation_config(profile: str | None = None, **fields: Any) -> RunConfig:
     for name, key in (("max_num_seqs", "max_num_seqs"),
                       ("max_num_batched_tokens", "max_num_batched_tokens"),
                       ("max_model_len", "max_context")):
+        if name == "max_num_batched_tokens" and fields.get("policy") in UNBUDGETED_POLICIES:
+            continue  # static batching has no token budget
         if fields.get(name) is None and key in prof.grid:
             fields[name] = int(prof.grid[key])
     for name in ("block_size", "num_gpu_blocks"):  # a vLLM profile's KV pool at start-up

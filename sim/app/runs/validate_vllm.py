@@ -151,6 +151,7 @@ def prepare_vllm_validation(cfg: RunConfig, python: str | None = None,
         raise ValueError(f"device {device!r} differs from the profile's device "
                          f"{profile.device!r}: the comparison would be meaningless")
     threads = profile_threads(profile.device_name)
+    assert cfg.block_size is not None, "RunConfig resolves the block size"
     setup = VllmSetup(ModelSpec(**profile.model), profile.dtype, device, threads,
                       resolve_timer(timer, device.split(":")[0], threads), cfg.block_size,
                       python or sys.executable, cfg.seed, fake=fake)
