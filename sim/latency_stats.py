@@ -102,6 +102,29 @@ def stats(values: np.ndarray) -> dict[str, float | None]:
     return out
 
 
+#: Largest SLO, in seconds, that is read as seconds: a TTFT objective of minutes, or a
+#: TPOT objective of more than a second a token, is no service level anyone sets, while
+#: 2000 and 50 are what vLLM users type (``vllm bench serve --goodput ttft:2000
+#: tpot:50`` is in milliseconds).
+MAX_SLO_S = {"slo_ttft": 60.0, "slo_tpot": 1.0}
+
+
+def check_slo_seconds(name: str, value_s: float | None) -> None:
+    """Raise ValueError (one line naming ``name``, slo_ttft or slo_tpot) unless
+    ``value_s`` is None or a number of seconds in (0, MAX_SLO_S[name]]; a larger one
+    is refused as milliseconds typed for seconds, with the value in seconds to give."""
+    if value_s is None:
+        return
+    top = MAX_SLO_S[name]
+    if not value_s > 0 or math.isnan(value_s):
+        raise ValueError(f"{name} must be a number of seconds in (0, {top:g}], got {value_s}")
+    if value_s > top:
+        raise ValueError(
+            f"{name} {value_s:g} s looks like milliseconds (vLLM's --goodput "
+            f"{name[4:]}:{value_s:g} is in ms): SLOs here are in seconds, at most {top:g}; "
+            f"give {value_s / 1000:g} for {value_s:g} ms")
+
+
 def meets_slos(ttft: np.ndarray, tpot: np.ndarray, slo_ttft_s: float | None,
                slo_tpot_s: float | None) -> np.ndarray:
     """Boolean mask of requests meeting every SLO given (<=). A missing TPOT (one-token

@@ -109,6 +109,11 @@ def test_unservable_request_is_rejected_with_reason(tmp_path: Path) -> None:
     (["--burstiness", "0"], "burstiness"),
     (["--max-num-seqs", "0"], "max_num_seqs"),
     (["--step-time", "0"], "step_time"),
+    # vLLM's --goodput ttft:2000 tpot:50 is in ms: typed as seconds, refused with the
+    # value in seconds (2000 ms = 2 s, 50 ms = 0.05 s)
+    (["--slo-ttft", "2000"], "slo_ttft 2000 s looks like milliseconds"),
+    (["--slo-tpot", "50"], "give 0.05 for 50 ms"),
+    (["--slo-ttft", "0"], "slo_ttft must be a number of seconds in (0, 60]"),
     (["--gpu", "l4"], "max_model_len"),
     (["--max-model-len", "0"], "max_model_len must be >= 2"),
     (["--trace", ""], "trace must name a file"),

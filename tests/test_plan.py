@@ -112,6 +112,7 @@ def test_cli_plan_concurrency_axis(tmp_path: Path) -> None:
     ([], "SLO"),
     (["--slo-ttft", "1", "--target-concurrency", "4"], "--load concurrency"),
     (["--slo-ttft", "1", "--slo-percentile", "120"], "slo_percentile"),
+    (["--slo-ttft", "2", "--slo-tpot", "50"], "slo_tpot 50 s looks like milliseconds"),
     (["--slo-ttft", "1", "--rate", "3"], "No such option"),
     (["--slo-ttft", "1", "--router", "cache-aware"], "prefix cache"),
     (["--slo-ttft", "1", "--router", "cache-aware", "--prefix-cache", "none,block"],

@@ -114,8 +114,10 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "Keep trace arrivals within this many seconds of the first."),
     Opt("time_scale", float | None, None, "Speed a trace up (>1) or slow it down (<1)."),
     Opt("seed", int, 0, "Workload seed."),
-    Opt("slo_ttft", float | None, None, "TTFT SLO in seconds."),
-    Opt("slo_tpot", float | None, None, "TPOT SLO in seconds."),
+    Opt("slo_ttft", float | None, None, "TTFT SLO in seconds, at most 60 (vLLM's "
+        "--goodput ttft:MS is in milliseconds: ttft:2000 is --slo-ttft 2)."),
+    Opt("slo_tpot", float | None, None, "TPOT SLO in seconds, at most 1 (vLLM's "
+        "--goodput tpot:MS is in milliseconds: tpot:50 is --slo-tpot 0.05)."),
     Opt("queue", str, "fcfs", "Waiting-queue order: fcfs, priority, sjf (shortest prompt), "
         "oracle-srpt (true remaining output: an unrealizable bound), lpm (longest cached "
         "prefix first, SGLang; needs --prefix-cache)."),

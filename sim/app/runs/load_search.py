@@ -14,6 +14,7 @@ import numpy as np
 
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.engine import SchedulerStuck
+from sim.latency_stats import check_slo_seconds
 
 MIN_RATE = 1e-3
 """The lowest rate (req/s) a search probes."""
@@ -31,10 +32,8 @@ class SLO:
     def __post_init__(self) -> None:
         if self.ttft_s is None and self.tpot_s is None:
             raise ValueError("a plan needs at least one SLO: slo_ttft or slo_tpot")
-        for name in ("ttft_s", "tpot_s"):
-            v = getattr(self, name)
-            if v is not None and not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"slo_{name[:-2]} must be a finite number > 0 seconds, got {v}")
+        check_slo_seconds("slo_ttft", self.ttft_s)
+        check_slo_seconds("slo_tpot", self.tpot_s)
         if not 0 < self.percentile <= 100:
             raise ValueError(f"slo_percentile must be in (0, 100], got {self.percentile}")
 

@@ -16,6 +16,7 @@ from policies.routers import ROUTERS, check_prefix_cache
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.startup_checks import default_block_size, engine_platform
 from sim.config import PREFIX_CACHE_MODES
+from sim.latency_stats import check_slo_seconds
 
 if TYPE_CHECKING:
     from calibration.profile import Profile
@@ -113,11 +114,11 @@ class RunConfig:
         if not (self.pcie_bandwidth > 0 and math.isfinite(self.pcie_bandwidth)):
             raise ValueError(f"pcie_bandwidth must be a finite number > 0 GB/s, got "
                              f"{self.pcie_bandwidth}")
-        for name in ("step_time", "slo_ttft", "slo_tpot"):
-            v = getattr(self, name)
-            if v is not None and not 0 < v <= MAX_SECONDS:
-                raise ValueError(f"{name} must be a number of seconds in (0, {MAX_SECONDS:g}], "
-                                 f"got {v}")
+        if self.step_time is not None and not 0 < self.step_time <= MAX_SECONDS:
+            raise ValueError(f"step_time must be a number of seconds in (0, {MAX_SECONDS:g}], "
+                             f"got {self.step_time}")
+        check_slo_seconds("slo_ttft", self.slo_ttft)
+        check_slo_seconds("slo_tpot", self.slo_tpot)
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.trace is not None and not str(self.trace).strip():
