@@ -234,3 +234,33 @@ def test_sweep_and_plan_share_runs_options() -> None:
         "round-robin", "least-outstanding", "least-outstanding"]
     assert [c["trace_sample"].default for c in (run_params, sweep, plan)] == [
         False, False, True]
+
+
+def test_vllms_option_names_run_what_servesims_names_run(tmp_path: Path) -> None:
+    """vLLM's -tp, --dtype bfloat16, --num-gpu-blocks-override and --scheduling-policy are
+    the same settings as servesim's names: byte-identical records and config.json."""
+    common = ["run", "--num-requests", "20", "--rate", "5"]
+    vllm = ["-tp", "2", "--dtype", "bfloat16", "--num-gpu-blocks-override", "40000",
+            "--scheduling-policy", "priority"]
+    ours = ["--tensor-parallel-size", "2", "--dtype", "bf16", "--num-gpu-blocks", "40000",
+            "--queue", "priority"]
+    for name, args in (("vllm", vllm), ("ours", ours)):
+        res = runner.invoke(app, [*common, *args, "--out", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+    for f in ("requests.csv", "steps.csv", "summary.json", "config.json"):
+        assert (tmp_path / "vllm" / f).read_bytes() == (tmp_path / "ours" / f).read_bytes(), f
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert (config["dtype"], config["tensor_parallel_size"]) == ("bf16", 2)
+
+
+@pytest.mark.parametrize(("given", "dtype"), [
+    ("auto", "bf16"), ("float16", "fp16"), ("half", "fp16"), ("float32", "fp32"),
+    ("float", "fp32"), ("fp16", "fp16")])
+def test_vllms_dtype_names_are_read_as_servesims(given: str, dtype: str) -> None:
+    assert RunConfig(dtype=given).dtype == dtype
+
+
+def test_an_unknown_dtype_names_both_spellings() -> None:
+    with pytest.raises(ValueError, match=r"dtype must be one of bf16, fp16, fp32 \(or "
+                                         r"vLLM's auto, bfloat16, half"):
+        RunConfig(dtype="int8")

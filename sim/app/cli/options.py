@@ -58,7 +58,8 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "profile's model (another model is refused)."),
     Opt("gpu", str, "h100-sxm", "GPU preset (see `servesim list`) or a GPU spec file "
         "(.json or .toml; keys as in calibration/data/gpus.json)."),
-    Opt("dtype", str, "bf16", "Weights and KV dtype: bf16, fp16, fp32."),
+    Opt("dtype", str, "bf16", "Weights and KV dtype: bf16, fp16, fp32 (or vLLM's auto, "
+        "bfloat16, float16, half, float32, float)."),
     Opt("quantization", str | None, None, "Weight quantization, vLLM's --quantization: "
         "fp8, compressed-tensors, awq, gptq (default: the checkpoint's quantization_config, "
         "else none; awq and gptq without one: 4-bit, groups of 128)."),
@@ -84,7 +85,8 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "context length, as vLLM's env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 does (also "
         "read here; recorded in config.json).", flags=("--allow-long-max-model-len",)),
     Opt("num_gpu_blocks", int | None, None,
-        "Override the KV block count (vLLM's num_gpu_blocks_override)."),
+        "Override the KV block count (vLLM's num_gpu_blocks_override).",
+        flags=("--num-gpu-blocks", "--num-gpu-blocks-override")),
     Opt("kv_cache_memory_bytes", int | None, None,
         "KV cache size in bytes per GPU, instead of the budget from "
         "gpu_memory_utilization (vLLM's --kv-cache-memory).",
@@ -120,7 +122,8 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "--goodput tpot:MS is in milliseconds: tpot:50 is --slo-tpot 0.05)."),
     Opt("queue", str, "fcfs", "Waiting-queue order: fcfs, priority, sjf (shortest prompt), "
         "oracle-srpt (true remaining output: an unrealizable bound), lpm (longest cached "
-        "prefix first, SGLang; needs --prefix-cache)."),
+        "prefix first, SGLang; needs --prefix-cache). vLLM's --scheduling-policy.",
+        flags=("--queue", "--scheduling-policy")),
     Opt("preemption_mode", str, "recompute",
         "Preemption under KV pressure: recompute or swap (to CPU)."),
     Opt("kv_allocation", str, "paged",
@@ -130,7 +133,8 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
     Opt("pcie_bandwidth", float, 25.0,
         "Host <-> GPU copy rate pricing swaps, GB/s (PCIe 4.0 x16 effective)."),
     Opt("tensor_parallel_size", int, 1, "GPUs per replica: weights, FLOPs and KV heads split "
-        "N ways, two all-reduces per layer over the GPU's interconnect.", "4,8"),
+        "N ways, two all-reduces per layer over the GPU's interconnect.", "4,8",
+        flags=("--tensor-parallel-size", "-tp")),
     Opt("replicas", int, 1, "Identical engines behind a router, simulated together.", "1,2,4"),
     Opt("router", str, "round-robin", f"How requests are spread over replicas: {_ROUTERS}."),
     Opt("concurrency", int | None, None, "Closed loop: N users, each sending its next request "

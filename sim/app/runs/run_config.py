@@ -40,6 +40,13 @@ INT64 = 1 << 63
 DEFAULT_MODEL = "llama-3.1-8b"
 
 
+#: vLLM's --dtype names (vllm/config/model.py ``_STR_DTYPE_TO_TORCH_DTYPE``) -> servesim's.
+#: ``auto`` is the checkpoint's torch_dtype, with float32 checkpoints served in bf16:
+#: bf16 for every preset (their config.json files say bfloat16).
+VLLM_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "half": "fp16", "float16": "fp16",
+               "float": "fp32", "float32": "fp32"}
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a run depends on; written to config.json. None means "derive":
@@ -104,8 +111,11 @@ class RunConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
+        if self.dtype in VLLM_DTYPES:
+            object.__setattr__(self, "dtype", VLLM_DTYPES[self.dtype])
         if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)} (or vLLM's "
+                             f"{', '.join(VLLM_DTYPES)}), got {self.dtype!r}")
         check_quantization_name(self.quantization)
         check_kv_cache_dtype(self.kv_cache_dtype)
         if not 0 <= self.swap_space <= MAX_SWAP_SPACE_GIB:
