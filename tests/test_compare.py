@@ -98,3 +98,24 @@ def test_latency_pairs_drop_decimals_from_a_thousand() -> None:
     assert _pair({"p50": 570.6, "p99": 1275.1}, 1, 1) == "571/1,275"
     assert _pair({"p50": 0.0881, "p99": 1.478}, 1000, 0) == "88/1,478"
     assert _pair({"p50": None, "p99": 2300.3}, 1, 1) == "-/2,300"
+
+
+def test_a_compare_directory_holds_one_compare_and_never_a_users_file(tmp_path: Path) -> None:
+    """A second compare into the same --out replaces the first's cells and report (the
+    directory never shows two workloads' cells side by side); a file servesim did not
+    write there is refused before anything runs, and nothing is removed."""
+    out = tmp_path / "cmp"
+    first = ["run", "--num-requests", "10", "--step-time", "0.01", "--out", str(out)]
+    res = CliRunner().invoke(app, [*first, "--compare", "static,continuous,chunked",
+                                   "--report"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "chunked", "continuous", "report.html", "static"]
+    res = CliRunner().invoke(app, [*first, "--seed", "1", "--compare", "chunked:reserve"])
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in out.iterdir()] == ["chunked-reserve"]
+    (out / "notes.txt").write_text("mine\n")
+    res = CliRunner().invoke(app, [*first, "--compare", "chunked"])
+    assert res.exit_code == 1
+    assert "holds notes.txt, which is not a servesim run directory or report" in res.output
+    assert sorted(p.name for p in out.iterdir()) == ["chunked-reserve", "notes.txt"]

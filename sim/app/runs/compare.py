@@ -19,6 +19,7 @@ any runs.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,13 @@ from rich.table import Table
 from policies.registry import POLICIES, get_policy_class
 from scenarios.workload import Workload
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
-from sim.app.runs.out_dir import check_run_dir, commit_dirs, discard
+from sim.app.runs.out_dir import (
+    check_run_dir,
+    commit_dirs,
+    discard,
+    is_run_dir,
+    written_by_servesim,
+)
 from sim.app.runs.run_config import with_policy
 from sim.app.runs.run_files import stage_run
 from sim.app.runs.runner import Prepared, RunConfig, check_config, check_router, prepare_on
@@ -154,9 +161,12 @@ def run_compare(
     are staged as they finish and swapped in together at the end, so a cell that fails
     leaves every previous run directory as it was; each is checked before the first
     simulation (sim/app/runs/out_dir.py: ValueError for one that is not a run
-    directory)."""
+    directory). Run directories and the report an earlier compare left in ``out`` are
+    removed once the cells are in (stale_entries), so ``out`` never mixes two workloads'
+    cells."""
     for cell in cells:
         check_run_dir(Path(out) / cell.dir_name)
+    stale = stale_entries(Path(out), cells)
     preps = [cell_prepared(base, workload, cell) for cell in cells]
     results, staged = [], []
     try:
@@ -169,7 +179,35 @@ def run_compare(
         discard(staged)
         raise
     commit_dirs(staged)
+    for path in stale:  # what an earlier compare left: the directory holds this one only
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     return results
+
+
+def stale_entries(out: Path, cells: list[Cell]) -> list[Path]:
+    """What ``out`` holds besides ``cells``' run directories, which the compare removes
+    once its cells are in place so that the directory shows one workload's cells only:
+    run directories and the report of an earlier compare. Raises ValueError naming --out
+    when it holds anything else (servesim never removes what it did not write); hidden
+    entries (staging, sim/staging.py) are left to their own clean-up."""
+    if not out.is_dir():
+        return []
+    keep = {c.dir_name for c in cells}
+    stale = []
+    for entry in sorted(out.iterdir()):
+        if entry.name in keep or entry.name.startswith("."):
+            continue
+        servesims = (is_run_dir(entry) if entry.is_dir() and not entry.is_symlink()
+                     else entry.name == "report.html" and written_by_servesim(entry) is True)
+        if not servesims:
+            raise ValueError(f"--out: {out} holds {entry.name}, which is not a servesim run "
+                             "directory or report; --compare writes a directory of its cells "
+                             "only: give another --out")
+        stale.append(entry)
+    return stale
 
 
 def _pair(st: dict[str, float | None], scale: float, digits: int) -> str:
