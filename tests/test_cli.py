@@ -262,5 +262,27 @@ def test_vllms_dtype_names_are_read_as_servesims(given: str, dtype: str) -> None
 
 def test_an_unknown_dtype_names_both_spellings() -> None:
     with pytest.raises(ValueError, match=r"dtype must be one of bf16, fp16, fp32 \(or "
-                                         r"vLLM's auto, bfloat16, half"):
+                                         r"vLLM's auto, bfloat16, float16, half"):
         RunConfig(dtype="int8")
+
+
+def test_vllms_chunked_prefill_switch_is_the_policy(tmp_path: Path) -> None:
+    """--no-enable-chunked-prefill is --policy continuous (vLLM V1 without chunked
+    prefill), also as a vLLM serve config key; contradicting --policy names both."""
+    common = ["run", "--num-requests", "10", "--max-model-len", "8192"]
+    for name, args in (("switch", ["--no-enable-chunked-prefill"]),
+                       ("policy", ["--policy", "continuous"])):
+        res = runner.invoke(app, [*common, *args, "--out", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+    for f in ("requests.csv", "steps.csv", "summary.json", "config.json"):
+        assert (tmp_path / "switch" / f).read_bytes() == (tmp_path / "policy" / f).read_bytes()
+    (tmp_path / "serve.yaml").write_text("enable_chunked_prefill: false\n")
+    res = runner.invoke(app, [*common, "--config", str(tmp_path / "serve.yaml"),
+                              "--out", str(tmp_path / "file")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "file" / "config.json").read_text())["policy"] == "continuous"
+    res = runner.invoke(app, [*common, "--enable-chunked-prefill", "--policy", "continuous",
+                              "--out", str(tmp_path / "both")])
+    assert res.exit_code == 1
+    assert "--enable-chunked-prefill (--policy chunked) contradicts --policy continuous" in (
+        res.output)

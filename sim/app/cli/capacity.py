@@ -17,6 +17,7 @@ from rich.table import Table
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
 from sim.app.cli.options import (
+    CHUNKED_SWITCH,
     CONFIG_OPTION,
     OPTIONS,
     PREFIX_SWITCH,
@@ -31,7 +32,8 @@ from sim.app.runs.axes import AXES, PLAN_AXES
 @with_options(
     *declare([n for n in OPTIONS if n != "seed"], axes=AXES,
              router={"default": "least-outstanding"}),
-    seeds("0", "every cell replays each seed's workload."), PREFIX_SWITCH, CONFIG_OPTION)
+    seeds("0", "every cell replays each seed's workload."), PREFIX_SWITCH, CHUNKED_SWITCH,
+    CONFIG_OPTION)
 def sweep(
     ctx: typer.Context,
     workers: Annotated[int | None, typer.Option(
@@ -130,7 +132,7 @@ PLAN_SETS = ("arrival", "rate", "concurrency", "think_time", "time_scale", "wind
                                                     "precision of every probe)."},
              router={"default": "least-outstanding"}, trace_sample={"default": True}),
     seeds("0,1,2", "each probe runs on every seed; the capacity interval spans them."),
-    PREFIX_SWITCH, CONFIG_OPTION)
+    PREFIX_SWITCH, CHUNKED_SWITCH, CONFIG_OPTION)
 def plan(
     ctx: typer.Context,
     slo_percentile: Annotated[float, typer.Option(

@@ -178,6 +178,13 @@ PREFIX_SWITCH = Opt(
     flags=("--enable-prefix-caching/--no-enable-prefix-caching",))
 
 
+#: vLLM's chunked-prefill switch: sets the policy (config_options).
+CHUNKED_SWITCH = Opt(
+    "enable_chunked_prefill", bool | None, None, "vLLM's switch: on = --policy chunked, "
+    "off = --policy continuous (vLLM V1 without chunked prefill).",
+    flags=("--enable-chunked-prefill/--no-enable-chunked-prefill",))
+
+
 def list_form(opt: Opt) -> Opt:
     """``opt`` as sweep and plan take it: comma-separated values, each a cell of the grid;
     not given, every cell has the single default."""
@@ -263,6 +270,10 @@ def _with_file(opts: dict[str, Any], given: set[str],
     if switch is not None:
         _switch(opts, switch, "prefix_cache" in given)
         given.add("prefix_cache")
+    chunked = opts.pop("enable_chunked_prefill", None)
+    if chunked is not None:
+        _chunked_switch(opts, chunked, "policy" in given)
+        given.add("policy")
     if path is None:
         return opts, []
     seeds = "seeds" in opts  # sweep's and plan's list of seeds reads a file's seed
@@ -316,6 +327,18 @@ def _switch(opts: dict[str, Any], on: bool, prefix_cache_given: bool) -> None:
     if not all((m != "none") == on for m in modes):
         flag = "--enable-prefix-caching" if on else "--no-enable-prefix-caching"
         raise ValueError(f"{flag} contradicts --prefix-cache {opts['prefix_cache']}")
+
+
+def _chunked_switch(opts: dict[str, Any], on: bool, policy_given: bool) -> None:
+    """--[no-]enable-chunked-prefill: policy chunked or continuous; with --policy given
+    too, each of its policies must be the one the switch names."""
+    policy = "chunked" if on else "continuous"
+    if not policy_given:
+        opts["policy"] = policy
+        return
+    if any(p.strip() != policy for p in str(opts["policy"]).split(",")):
+        flag = "--enable-chunked-prefill" if on else "--no-enable-chunked-prefill"
+        raise ValueError(f"{flag} (--policy {policy}) contradicts --policy {opts['policy']}")
 
 
 def _value(name: str, value: Any, listed: bool) -> Any:

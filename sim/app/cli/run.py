@@ -13,6 +13,7 @@ from rich.table import Table
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar, warn
 from sim.app.cli.options import (
+    CHUNKED_SWITCH,
     CONFIG_OPTION,
     OPTIONS,
     PREFIX_SWITCH,
@@ -23,7 +24,7 @@ from sim.app.cli.options import (
 from sim.app.cli.tables import headline_table, replica_table, scale_out_line, summary_table
 
 
-@with_options(*declare(OPTIONS), PREFIX_SWITCH, CONFIG_OPTION)
+@with_options(*declare(OPTIONS), PREFIX_SWITCH, CHUNKED_SWITCH, CONFIG_OPTION)
 def run(
     ctx: typer.Context,
     compare: Annotated[str | None, typer.Option(

@@ -151,6 +151,12 @@ def _switch(value: Any) -> tuple[Any, str] | None:
     return ("block" if value else "none"), ""
 
 
+def _chunked(value: Any) -> tuple[Any, str] | None:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return ("chunked" if value else "continuous"), ""
+
+
 def _dtype(value: Any) -> tuple[Any, str] | None:
     if value == "auto":
         return None
@@ -187,6 +193,7 @@ VLLM_KEYS: Mapping[str, tuple[str, Callable[[Any], tuple[Any, str] | None]]] = {
     "gpu_memory_utilization": ("gpu_memory_utilization", _same),
     "block_size": ("block_size", _integer),
     "enable_prefix_caching": ("prefix_cache", _switch),
+    "enable_chunked_prefill": ("policy", _chunked),
     "tensor_parallel_size": ("tensor_parallel_size", _integer),
     "kv_cache_dtype": ("kv_cache_dtype", _same),
     "quantization": ("quantization", _same),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from calibration.quantization import check_kv_cache_dtype, check_quantization_name
 from calibration.specs import DTYPE_BYTES, ModelSpec
 from policies.routers import ROUTERS, check_prefix_cache
+from sim.app.runs.config_file import VLLM_DTYPES
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.startup_checks import default_block_size, engine_platform
 from sim.config import PREFIX_CACHE_MODES
@@ -40,11 +41,9 @@ INT64 = 1 << 63
 DEFAULT_MODEL = "llama-3.1-8b"
 
 
-#: vLLM's --dtype names (vllm/config/model.py ``_STR_DTYPE_TO_TORCH_DTYPE``) -> servesim's.
-#: ``auto`` is the checkpoint's torch_dtype, with float32 checkpoints served in bf16:
-#: bf16 for every preset (their config.json files say bfloat16).
-VLLM_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "half": "fp16", "float16": "fp16",
-               "float": "fp32", "float32": "fp32"}
+#: vLLM's --dtype auto is the checkpoint's torch_dtype, with float32 checkpoints served
+#: in bf16: bf16 for every preset (their config.json files say bfloat16).
+AUTO_DTYPE = "bf16"
 
 
 @dataclass(frozen=True)
@@ -111,11 +110,11 @@ class RunConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
-        if self.dtype in VLLM_DTYPES:
-            object.__setattr__(self, "dtype", VLLM_DTYPES[self.dtype])
+        if self.dtype == "auto" or self.dtype in VLLM_DTYPES:
+            object.__setattr__(self, "dtype", VLLM_DTYPES.get(self.dtype, AUTO_DTYPE))
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)} (or vLLM's "
-                             f"{', '.join(VLLM_DTYPES)}), got {self.dtype!r}")
+                             f"auto, {', '.join(VLLM_DTYPES)}), got {self.dtype!r}")
         check_quantization_name(self.quantization)
         check_kv_cache_dtype(self.kv_cache_dtype)
         if not 0 <= self.swap_space <= MAX_SWAP_SPACE_GIB:
