@@ -5,12 +5,8 @@ check their outputs before simulating."""
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +18,8 @@ from sim.app.runs.out_dir import GENERATOR_META, check_run_dir, write_files
 
 runner = CliRunner()
 RUN = ["run", "--num-requests", "20", "--step-time", "0.01"]
+SHIPPED_PROFILE = (Path(__file__).resolve().parents[1] / "calibration" / "profiles"
+                   / "cpu-qwen2.5-0.5b.json")
 
 
 def test_a_directory_holding_other_files_is_never_replaced(tmp_path: Path) -> None:
@@ -367,125 +365,3 @@ def test_pngs_are_marked_and_a_users_png_is_never_replaced(
     with pytest.raises(ValueError, match=r"fig-2\.png exists and carries no servesim mark"):
         report.write_pngs([Figure(), Figure()], out)
     assert paths[1].read_bytes() == png
-
-
-# -- a killed write leaves nothing the next write into the place does not clear ------------
-
-ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_PROFILE = ROOT / "calibration" / "profiles" / "cpu-qwen2.5-0.5b.json"
-
-
-def _killed_child(script: str, *args: str) -> None:
-    """Run ``script`` in a Python process that kills itself with SIGKILL."""
-    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == -signal.SIGKILL
-
-
-KILLED_WHILE_STAGING = """
-import os, signal, sys
-from pathlib import Path
-from sim.app.runs.out_dir import stage_dir
-
-def write(tmp):
-    (tmp / "requests.csv").write_text("request_id,arrival_time\\n0,")  # cut mid-row
-    os.kill(os.getpid(), signal.SIGKILL)
-
-stage_dir(Path(sys.argv[1]), write)
-"""
-
-
-def test_the_staging_of_a_killed_run_is_removed_by_the_next_run(tmp_path: Path) -> None:
-    out = tmp_path / "latest"
-    _killed_child(KILLED_WHILE_STAGING, str(out))
-    debris = [p for p in tmp_path.iterdir() if p.name.startswith(".latest.")]
-    assert len(debris) == 1 and (debris[0] / "requests.csv").exists()
-    res = runner.invoke(app, [*RUN, "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
-
-
-KILLED_WHILE_SWAPPING = """
-import os, signal, sys
-from pathlib import Path
-from sim.app.runs.out_dir import commit_dirs, stage_dir
-
-out = Path(sys.argv[1])
-tmp = stage_dir(out, lambda t: (t / "config.json").write_text('{"servesim_version": "new"}'))
-real = os.replace
-
-def replace(src, dst):  # killed once the previous run is moved aside
-    real(src, dst)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-os.replace = replace
-commit_dirs([(tmp, out)])
-"""
-
-
-def test_a_swap_killed_halfway_is_cleared_by_the_next_run(tmp_path: Path) -> None:
-    out = tmp_path / "latest"
-    assert runner.invoke(app, [*RUN, "--out", str(out)]).exit_code == 0
-    _killed_child(KILLED_WHILE_SWAPPING, str(out))
-    assert not out.exists()  # the previous run is aside, the new one staged
-    assert len([p for p in tmp_path.iterdir() if p.name.startswith(".latest.")]) == 2
-    res = runner.invoke(app, [*RUN, "--seed", "1", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
-    assert '"seed": 1' in (out / "config.json").read_text()
-
-
-def test_a_swap_killed_halfway_puts_the_previous_run_back(tmp_path: Path) -> None:
-    from sim.app.runs.out_dir import remove_stale_staging
-
-    out = tmp_path / "latest"
-    assert runner.invoke(app, [*RUN, "--out", str(out)]).exit_code == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    _killed_child(KILLED_WHILE_SWAPPING, str(out))
-    assert len(remove_stale_staging(tmp_path, "latest")) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-
-
-# -- an OS error while writing is one line naming the option --------------------------------
-
-
-def test_no_space_while_writing_a_run_is_one_line(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(path: Path, table: object) -> None:
-        Path(path).write_text("request_id\n")  # part written, then the disk is full
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-
-    monkeypatch.setattr("sim.app.runs.run_files.write_csv", full)
-    out = tmp_path / "latest"
-    res = runner.invoke(app, [*RUN, "--out", str(out)])
-    assert res.exit_code == 1
-    assert res.output.strip().splitlines()[-1] == (
-        f"error: --out: cannot write {out}: no space left on device; free space or give "
-        "another --out")
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
-    folder = tmp_path / "ro"
-    folder.mkdir(mode=0o555)
-    if os.geteuid() == 0:  # root ignores permissions: /sys is read-only even to root
-        folder = Path("/sys")
-        if not folder.is_dir() or _can_make(folder):
-            pytest.skip("running as root, and no read-only folder here")
-    out = folder / "servesim-out"
-    for command in (RUN, SWEEP):
-        res = runner.invoke(app, [*command, "--out", str(out)])
-        assert res.exit_code == 1, res.output
-        line = res.output.strip().splitlines()[-1]
-        assert line.startswith(f"error: --out: cannot write {out}: ") and line.endswith(
-            "; give another --out or make it writable"), line
-
-
-def _can_make(folder: Path) -> bool:
-    try:
-        (folder / "servesim-probe").mkdir()
-    except OSError:
-        return False
-    (folder / "servesim-probe").rmdir()
-    return True

@@ -1,33 +1,18 @@
 """Stop signals (sim/app/cli/stop.py, sim/app/runs/backends.py): SIGINT, SIGTERM and SIGHUP
 end a command within about a second, its worker pools included, with its staged outputs
 removed, one line saying what was kept and exit code 128 + the signal; SIGKILL of the
-command leaves no worker behind.
-
-The chaos test starts ``run``, ``sweep`` and ``plan`` (sweep and plan with two workers) as
-``python -m sim.app.cli`` processes and stops them at seeded random points; afterwards no
-process they started is alive, their output place holds either the previous run intact
-or the new one complete, and the next run into it succeeds. A process started by a
-command is found by a tag in its environment (/proc/PID/environ), which every process it
-starts inherits: an orphan is re-parented, so a walk of the process tree would miss it.
+command leaves no worker behind. The chaos test is tests/test_chaos.py; the process
+helpers are tests/processes.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
 import multiprocessing
 import os
-import random
-import shutil
 import signal
-import subprocess
-import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -35,93 +20,26 @@ from typer.testing import CliRunner
 
 from sim.app.cli.main import app
 from sim.app.runs.backends import Executor
+from tests.processes import (
+    COMMANDS,
+    NEW,
+    PREVIOUS,
+    cmdlines,
+    kill_tagged,
+    snapshot,
+    staging,
+    start,
+    stop_and_time,
+    survivors,
+    tagged,
+    wait_for,
+    workers_running,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(),
                                 reason="finds processes through Linux's /proc")
 
-ROOT = Path(__file__).resolve().parents[1]
-TAG = "SERVESIM_TEST_SIGNALS"
 runner = CliRunner()
-
-
-# -- processes -----------------------------------------------------------------------
-
-def tagged(tag: str) -> list[int]:
-    """The live processes whose environment holds TAG=tag (a zombie's is empty)."""
-    needle = f"{TAG}={tag}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return found
-
-
-def cmdlines(pids: list[int]) -> list[str]:
-    out = []
-    for pid in pids:
-        try:
-            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                       .decode(errors="replace")[:120])
-        except OSError:
-            continue
-    return out
-
-
-def survivors(tag: str, within: float, ignoring: tuple[str, ...] = ()) -> list[str]:
-    """The command lines of tagged processes still alive ``within`` seconds from now, but
-    those holding one of ``ignoring`` (polled; empty as soon as none is left)."""
-    deadline = time.monotonic() + within
-    while True:
-        left = [c for c in cmdlines(tagged(tag)) if not any(i in c for i in ignoring)]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.02)
-
-
-def kill_tagged(tag: str) -> None:
-    """SIGKILL whatever a test's child left running, so that a failure leaks nothing."""
-    for pid in tagged(tag):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def start(argv: list[str], cwd: Path, tag: str) -> subprocess.Popen[bytes]:
-    """``argv`` in a new Python process tagged ``tag``, output to cwd/stdout and
-    cwd/stderr (files: a pipe held open by an orphan would hang the reader)."""
-    env = {**os.environ, TAG: tag, "PYTHONPATH": str(ROOT)}
-    with open(cwd / "stdout", "wb") as out, open(cwd / "stderr", "wb") as err:
-        return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=out,
-                                stderr=err)
-
-
-def wait_for(what: Callable[[], bool], proc: subprocess.Popen[bytes], timeout: float,
-             cwd: Path) -> None:
-    """Poll until ``what()`` holds; fail when ``proc`` ends first or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while not what():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"not ready (exit {proc.returncode}): "
-                        f"{(cwd / 'stderr').read_text(errors='replace')[-2000:]}")
-        time.sleep(0.005)
-
-
-def stop_and_time(proc: subprocess.Popen[bytes], signum: int, timeout: float = 60) -> float:
-    """Send ``signum`` and wait for the process; seconds until it exited."""
-    t0 = time.monotonic()
-    proc.send_signal(signum)
-    proc.wait(timeout)
-    return time.monotonic() - t0
-
-
-def workers_running(tag: str, n: int) -> Callable[[], bool]:
-    """Whether the tagged process tree has its forkserver and ``n`` workers."""
-    return lambda: sum("forkserver" in c for c in cmdlines(tagged(tag))) >= n + 1
 
 
 # -- the local pool ------------------------------------------------------------------
@@ -244,224 +162,6 @@ def test_a_stop_signal_while_writing_removes_the_staging(tmp_path: Path, name: s
         assert last == f"{stopped}{out} was written in full before the signal"
         assert sorted(snapshot(out)) == sorted(before)
 
-
-def staging(parent: Path) -> list[str]:
-    """Hidden entries of ``parent``: staging (sim/staging.py names start with a dot)."""
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
-
-
-def snapshot(path: Path) -> dict[str, bytes]:
-    """Every file under ``path`` (hidden ones included) by relative name: its bytes."""
-    if not path.exists():
-        return {}
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file()}
-
-
-# -- the chaos test ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Command:
-    """A small workload of one command: its arguments (without --out, the seed and the
-    workers), what it writes into --out, which of those two runs of the same arguments
-    write byte for byte alike (the others hold the wall time), and how long after its
-    first line it may be stopped (seconds: its work, its writing and a little past its
-    end, as measured on a shared two-core machine)."""
-
-    args: tuple[str, ...]
-    seed_option: str
-    files: tuple[str, ...]
-    exact: tuple[str, ...]
-    span: float
-    workers: bool = True  # takes --workers
-
-    def argv(self, seed: int, out: Path, workers: int) -> list[str]:
-        return [*self.args, self.seed_option, str(seed), "--out", str(out),
-                *(["--workers", str(workers)] if self.workers else [])]
-
-
-RUN_FILES = ("config.json", "requests.csv", "steps.csv", "summary.json")
-COMMANDS = {
-    "run": Command(("run", "--num-requests", "300"), "--seed", RUN_FILES, RUN_FILES, 1.0,
-                   workers=False),
-    "sweep": Command(("sweep", "--num-requests", "20", "--max-num-seqs", "8,16"), "--seeds",
-                     ("sweep.csv", "sweep.html", "sweep.json"), ("sweep.csv", "sweep.json"),
-                     3.0),
-    "plan": Command(("plan", "--num-requests", "20", "--max-probes", "2", "--slo-ttft", "0.5"),
-                    "--seeds", ("capacity.html", "capacity.md", "plan.json"), (), 3.0),
-}
-PREVIOUS, NEW = 1, 2  # the seed of the run already in place, and of the one stopped
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def previous(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each command's output for the seed PREVIOUS, written in this process."""
-    root = tmp_path_factory.mktemp("previous")
-    made = {}
-    for name, cmd in COMMANDS.items():
-        res = runner.invoke(app, cmd.argv(PREVIOUS, root / name, workers=1))
-        assert res.exit_code == 0, res.output
-        made[name] = root / name
-    return made
-
-
-@dataclass
-class Case:
-    """One command stopped by ``signum`` ``delay`` seconds after its first output line
-    (its options read and checked: the work begins)."""
-
-    name: str
-    signum: int
-    delay: float
-    where: Path
-    tag: str = field(default_factory=lambda: uuid.uuid4().hex)
-    returncode: int | None = None
-    took: float = 0.0
-
-    @property
-    def out(self) -> Path:
-        return self.where / "out"
-
-    def play(self) -> None:
-        proc = start(["-m", "sim.app.cli", *COMMANDS[self.name].argv(NEW, self.out, 2)],
-                     self.where, self.tag)
-        try:
-            wait_for(lambda: (self.where / "stdout").stat().st_size > 0, proc, 120,
-                     self.where)
-        except BaseException:
-            proc.kill()
-            raise
-        time.sleep(self.delay)
-        self.took = stop_and_time(proc, self.signum)
-        self.returncode = proc.returncode
-
-
-def play_all(cases: list[Case]) -> None:
-    """Play the cases at once, each on a thread of its own; re-raise the first failure."""
-    errors: list[BaseException] = []
-
-    def play(case: Case) -> None:
-        try:
-            case.play()
-        except BaseException as e:  # reported below, on the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=play, args=(c,)) for c in cases]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-def check_case(case: Case, previous: Path) -> None:
-    """After the stop: nothing the command started is alive; it ended as its signal
-    asks; its place holds the previous output intact or the new one complete; no
-    staging is left but by SIGKILL; the next run into the place succeeds (and is what
-    the stopped run, when complete, wrote)."""
-    cmd = COMMANDS[case.name]
-    assert survivors(case.tag, within=3.0) == [], case
-    stderr = (case.where / "stderr").read_text(errors="replace")
-    # 0: it had finished; -signum: stopped while Python started or finished (importing,
-    # nothing started or written yet; or past the end, its handlers gone).
-    assert case.returncode in (0, -case.signum, 128 + case.signum), (case, stderr)
-    if case.returncode == 128 + case.signum:
-        assert stderr.splitlines()[-1].startswith(
-            f"stopped by {signal.Signals(case.signum).name}: "), stderr
-        # Loose: three commands at once on a shared machine, and a stop while workers
-        # start waits for the forkserver's start (the latency tests above are strict).
-        assert case.took < 10.0, case
-    if case.signum != signal.SIGKILL:
-        assert staging(case.where) == [] and staging(case.out) == [], case
-    stopped = snapshot(case.out)
-    res = runner.invoke(app, cmd.argv(NEW, case.out, workers=1))
-    assert res.exit_code == 0, (case, res.output)
-    assert staging(case.where) == [] and staging(case.out) == [], case
-    new = snapshot(case.out)
-    assert sorted(new) == sorted(cmd.files) and all(whole(n, new[n]) for n in new), case
-    state = output_state(stopped, snapshot(previous), new, cmd)
-    assert state == "previous" or state == "new", (case, state)
-    assert state == "new" or case.returncode != 0, case
-
-
-def output_state(files: dict[str, bytes], previous: dict[str, bytes],
-                 new: dict[str, bytes], cmd: Command) -> str:
-    """"previous" when ``files`` are byte for byte the ``previous`` run's; "new" when they
-    are the new run's, complete: byte for byte ``new``'s where two runs agree, whole
-    files otherwise; else what is wrong."""
-    if files == previous:
-        return "previous"
-    visible = sorted(n for n in files if not n.startswith("."))
-    if visible != sorted(cmd.files):
-        return f"files {visible}"
-    for name in cmd.files:
-        if name in cmd.exact and files[name] != new[name]:
-            return f"{name} differs from an uninterrupted run's"
-        if not whole(name, files[name]):
-            return f"{name} is cut short"
-    return "new"
-
-
-def whole(name: str, data: bytes) -> bool:
-    """Whether ``data`` is a whole file of its kind (not cut short)."""
-    if name.endswith(".json"):
-        try:
-            json.loads(data)
-        except ValueError:
-            return False
-        return True
-    if name.endswith(".html"):
-        return data.rstrip().endswith(b"</html>")
-    return data.endswith(b"\n")
-
-
-def chaos(tmp_path: Path, previous: dict[str, Path], pairs: list[tuple[str, int]],
-          rng: random.Random) -> None:
-    """Stop each (command, signal) of ``pairs`` at a random point of its span after its
-    first line, all at once, then check each (check_case)."""
-    cases = []
-    for i, (name, signum) in enumerate(pairs):
-        case = Case(name, signum, rng.uniform(0.0, COMMANDS[name].span),
-                    tmp_path / f"{i}-{name}")
-        case.where.mkdir()
-        shutil.copytree(previous[name], case.out)
-        cases.append(case)
-    try:
-        play_all(cases)
-        for case in cases:
-            check_case(case, previous[case.name])
-    finally:
-        for case in cases:
-            kill_tagged(case.tag)
-
-
-def latin_rounds(rng: random.Random) -> list[list[tuple[str, int]]]:
-    """Three rounds in which every command meets every signal once (a Latin square in a
-    random order)."""
-    names, signals = list(COMMANDS), list(SIGNALS)
-    rng.shuffle(signals)
-    rounds = [[(n, signals[(i + r) % 3]) for i, n in enumerate(names)] for r in range(3)]
-    rng.shuffle(rounds)
-    return rounds
-
-
-def test_chaos(tmp_path: Path, previous: dict[str, Path]) -> None:
-    """run, sweep and plan at once, each stopped by one of SIGINT, SIGTERM and SIGKILL at
-    a seeded random point."""
-    rng = random.Random(24)
-    chaos(tmp_path, previous, latin_rounds(rng)[0], rng)
-
-
-@pytest.mark.slow
-def test_chaos_every_command_with_every_signal(tmp_path: Path,
-                                               previous: dict[str, Path]) -> None:
-    """Every command with every signal, at random points (three rounds of three)."""
-    rng = random.Random(2024)
-    for r, pairs in enumerate(latin_rounds(rng)):
-        (tmp_path / f"round{r}").mkdir()
-        chaos(tmp_path / f"round{r}", previous, pairs, rng)
 
 
 # -- Ray -----------------------------------------------------------------------------

