@@ -17,10 +17,12 @@ conv=$traces/AzureLLMInferenceTrace_conv.csv
 code=$traces/AzureLLMInferenceTrace_code.csv
 moon=$traces/mooncake_conversation_trace.jsonl
 n=0
-go() {  # go NAME ARGS...: one servesim command, its stdout kept without wall times
+go() {  # go NAME ARGS...: one servesim command, its stdout kept without wall times (nor
+        # the progress lines a run longer than a few seconds prints on stderr)
   local name=$1; shift
   n=$((n + 1))
-  "${servesim[@]}" "$@" 2>&1 | sed -E 's/in [0-9.]+ s/in X s/g; s/[0-9.]+ s wall/X s wall/g' \
+  "${servesim[@]}" "$@" 2>&1 \
+    | sed -E '/^servesim: .* elapsed/d; s/in [0-9.]+ s/in X s/g; s/[0-9.]+ s wall/X s wall/g' \
     > "$name.stdout" || echo "exit $?" >> "$name.stdout"
 }
 go default run --out "default"

@@ -208,7 +208,7 @@ def _check_plan_args(total: int, util: float, peak: int, non_torch: int,
 
 def plan_for(
     model: ModelSpec,
-    gpu: GPUSpec,
+    gpu: GPUSpec | None,
     dtype: str,
     gpu_memory_utilization: float,
     max_num_batched_tokens: int,
@@ -224,8 +224,9 @@ def plan_for(
     peak, non-torch memory (default_non_torch_bytes(N) unless given) and the per-GPU KV
     bytes per token. kv_cache_memory_bytes, when given, is the KV cache's size as vLLM's
     --kv-cache-memory sets it: gpu_memory_utilization and the profile are then not used for
-    it. Raises ValueError as plan_kv_cache does, and naming dtype, tensor_parallel_size or
-    kv_cache_memory_bytes when invalid."""
+    it, nor ``gpu`` (None: a device without a GPU spec, which needs it). Raises ValueError
+    as plan_kv_cache does, and naming dtype, tensor_parallel_size or
+    kv_cache_memory_bytes when invalid (or missing without a GPU)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     dtype_bytes = DTYPE_BYTES[dtype]
@@ -240,6 +241,8 @@ def plan_for(
     if kv_cache_memory_bytes is not None:
         return _plan_fixed_kv(kv_cache_memory_bytes, kv_per_token, block_size,
                               weights, activations, non_torch)
+    if gpu is None:
+        raise ValueError("kv_cache_memory_bytes: a device without a GPU spec needs it")
     return plan_kv_cache(
         gpu.total_memory_bytes,
         gpu_memory_utilization,

@@ -3,8 +3,10 @@
 Owns: :class:`Profile` (everything one ``servesim calibrate`` run measured and fitted),
 its JSON form (``{"format": "servesim-profile", "version": 1, ...}``), :func:`save_profile`
 (written whole or not at all), :func:`load_profile` (one clear ValueError line per bad
-file), :func:`refit` (a new fit from the stored points, no device needed) and
-:class:`ProfileCostModel` (the simulator's CostModel over a profile). No torch.
+file), :func:`refit` (a new fit from the stored points, no device needed),
+:class:`MeasuredRange` (how far the measured points reach, and the warnings for a run
+beyond it) and :class:`ProfileCostModel` (the simulator's CostModel over a profile). No
+torch.
 
 Top-level keys: format, version, model (ModelSpec fields), device ("cpu" | "cuda"),
 device_name, torch_version, dtype, date (ISO 8601, UTC), num_layers_measured,
@@ -83,6 +85,11 @@ class Profile:
         return self.num_layers_model / self.num_layers_measured
 
     @property
+    def measured_range(self) -> MeasuredRange:
+        """How far the measured points reach (beyond it the fit extrapolates)."""
+        return MeasuredRange.of(self.points)
+
+    @property
     def approximation(self) -> str | None:
         """None when every layer was measured; else what was scaled and by how much."""
         if self.num_layers_measured == self.num_layers_model:
@@ -113,6 +120,47 @@ class Profile:
                    dict(d["grid"]), FitResult.from_dict(d["fit"]), dict(d["memory"]),
                    tuple(MeasuredPoint.from_dict(p) for p in d["points"]),
                    dict(d.get("engine") or TORCH_WALL))
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredRange:
+    """How far a profile's measured points reach: the most sequences and tokens in one
+    step, and the longest context one sequence attends over (tokens). Beyond them the
+    fit extrapolates."""
+
+    max_seqs: int
+    max_tokens: int
+    max_context: int
+
+    @classmethod
+    def of(cls, points: tuple[MeasuredPoint, ...]) -> MeasuredRange:
+        """The range of ``points`` (a decode over c cached tokens attends over c + 1; a
+        chunk of n tokens after c over c + n)."""
+        shapes = [p.shape for p in points]
+        return cls(
+            max(s.num_prefill_seqs + s.num_decode_seqs for s in shapes),
+            max(s.num_prefill_tokens + s.num_decode_seqs for s in shapes),
+            max(max(p.point.decode_context + 1 if p.point.decode_seqs else 0,
+                    p.point.chunk_context + p.point.chunk_tokens) for p in points))
+
+    def warnings(self, max_num_seqs: int, max_num_batched_tokens: int | None,
+                 max_model_len: int, longest_request: int) -> list[str]:
+        """One line for each limit of a run beyond this range: its max_num_seqs, its token
+        budget (None: none, static batching) and the tokens (prompt and output) of its
+        longest request that max_model_len admits."""
+        later = "step costs there are extrapolated"
+        out = []
+        if max_num_seqs > self.max_seqs:
+            out.append(f"max_num_seqs {max_num_seqs} is outside the profile's measured "
+                       f"batch sizes 1-{self.max_seqs}: {later}")
+        if max_num_batched_tokens is not None and max_num_batched_tokens > self.max_tokens:
+            out.append(f"max_num_batched_tokens {max_num_batched_tokens} is outside the "
+                       f"profile's measured step sizes 1-{self.max_tokens} tokens: {later}")
+        if longest_request > self.max_context:
+            out.append(f"max_model_len {max_model_len} lets requests reach {longest_request:,} "
+                       f"tokens, outside the profile's measured contexts 1-"
+                       f"{self.max_context:,} tokens: {later}")
+        return out
 
 
 def profile_from_measurement(spec: ModelSpec, m: Measurement, fit: FitResult) -> Profile:

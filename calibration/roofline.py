@@ -10,7 +10,10 @@ The operators run one after the other, so a step whose linear layers are compute
 prefill chunk) while its decodes' attention is memory-bound (long contexts) pays both, which
 one max over the whole step would hide. The efficiency constants are chosen against the
 published step latencies in tests/data/published_step_latencies.csv (benchmarks/
-roofline_accuracy.py prints the error table; docs/fidelity.md keeps it).
+roofline_accuracy.py prints the error table; docs/fidelity.md keeps it). A run may set
+each constant (servesim run --roofline-compute-efficiency, --roofline-memory-efficiency,
+--roofline-step-overhead-s, --roofline-per-seq-overhead-s); config.json records the ones
+that priced it.
 """
 
 from __future__ import annotations
@@ -65,6 +68,12 @@ preparation and output processing): what makes a memory-bound decode step grow w
 size beyond its KV reads. Fitted as above; the batch sweeps in the table show it (L4 ITL 5.5
 -> 7.1 ms from 8 to 32 sequences, H100 TPOT 6.48 -> 6.59 ms from 1 to 4: 37-67 us a
 sequence, of which the KV reads explain 0-16 us)."""
+
+
+def gemm_efficiency(gpu: GPUSpec) -> float:
+    """The compute efficiency the roofline takes on ``gpu`` when given none: its measured
+    GEMM_EFFICIENCY, else DEFAULT_COMPUTE_EFFICIENCY."""
+    return GEMM_EFFICIENCY.get(gpu.name, DEFAULT_COMPUTE_EFFICIENCY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +154,7 @@ class RooflineCostModel:
         self._validate()
         efficiency = self.compute_efficiency
         if efficiency is None:
-            efficiency = GEMM_EFFICIENCY.get(self.gpu.name, DEFAULT_COMPUTE_EFFICIENCY)
+            efficiency = gemm_efficiency(self.gpu)
         values: dict[str, object] = {
             "_seconds_per_flop": 1.0 / (self.gpu.peak_flops(self.dtype) * efficiency),
             "_seconds_per_byte": 1.0

@@ -50,12 +50,9 @@ def _from_trace(trace: Path, trace_format: str | None, arrival: str | None, rate
             source=f"{full.source}, {min(num_requests, len(full))} drawn at random")
     if arrival is None and burstiness is not None:
         arrival = "gamma"
+    if arrival is None and rate is not None:
+        arrival = "poisson"  # vllm bench serve's --request-rate: Poisson gaps at that rate
     if arrival is None:
-        if rate is not None:
-            raise ValueError(
-                "rate with a trace needs an arrival process to re-time it (poisson, gamma, "
-                "constant, bursts); to replay the trace's own arrivals faster use time_scale"
-            )
         return workload
     rate = _mean_rate(workload) if rate is None else rate
     k = 1.0 if burstiness is None else burstiness
@@ -120,7 +117,9 @@ def build_workload(
       first (the first N requests / those within window_s of the first arrival). With
       ``arrival`` (poisson | gamma | constant | bursts) the cut requests keep their lengths
       in order and get new arrival times from that process at ``rate`` req/s (default: the
-      trace's own mean rate). ``burstiness`` alone implies ``arrival="gamma"``. With
+      trace's own mean rate). ``burstiness`` alone implies ``arrival="gamma"``, ``rate``
+      alone ``arrival="poisson"`` (as vllm bench serve's --request-rate re-times any
+      dataset; ``time_scale`` replays the trace's own arrivals faster). With
       ``trace_sample`` the ``num_requests`` are drawn at random (without replacement, in
       trace order) from the whole trace instead of taken from its start, by the seed's
       length generator, so every rate or process sees the same sample.
@@ -132,7 +131,7 @@ def build_workload(
 
     Raises:
         ValueError: both ``trace`` and ``scenario``; ``trace_format`` without a trace;
-            ``rate`` with a trace but no process; ``burstiness`` with a non-gamma
+            ``burstiness`` with a non-gamma
             ``arrival``; a negative ``seed``; any out-of-range value (named in the message).
         FileNotFoundError: the trace file does not exist.
     """

@@ -125,6 +125,45 @@ def check_slo_seconds(name: str, value_s: float | None) -> None:
             f"give {value_s / 1000:g} for {value_s:g} ms")
 
 
+#: vLLM bench serve's --goodput names (vllm/benchmarks/serve.py, 0.32) and servesim's
+#: option for each; e2el (end-to-end latency) has no servesim SLO.
+GOODPUT_NAMES = {"ttft": "slo_ttft", "tpot": "slo_tpot"}
+
+
+def parse_goodput(text: str) -> dict[str, float]:
+    """vLLM bench serve's ``--goodput`` value, KEY:VALUE pairs in milliseconds separated
+    by spaces or commas (``ttft:2000 tpot:50``), as servesim's SLOs in seconds:
+    ``{"slo_ttft": 2.0, "slo_tpot": 0.05}``. A request is good when it meets every one
+    (<=), as in vLLM's calculate_metrics. Raises ValueError naming the pair for a
+    malformed pair, a name other than ttft or tpot (vLLM's e2el is not modelled), a
+    repeated name, or a value outside (0, MAX_SLO_S] (in ms here)."""
+    out: dict[str, float] = {}
+    pairs = text.replace(",", " ").split()
+    if not pairs:
+        raise ValueError("goodput: give KEY:VALUE pairs in ms, e.g. --goodput ttft:2000 tpot:50")
+    for pair in pairs:
+        name, sep, value = pair.partition(":")
+        if not sep or (name not in GOODPUT_NAMES and name != "e2el"):
+            raise ValueError(f"goodput: {pair!r} is not ttft:MS or tpot:MS (vLLM's "
+                             "KEY:VALUE in milliseconds)")
+        if name == "e2el":
+            raise ValueError("goodput: e2el (end-to-end latency) has no SLO in servesim; "
+                             "give ttft:MS and/or tpot:MS")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ValueError(f"goodput: {pair!r}: {value!r} is not a number of ms") from None
+        field = GOODPUT_NAMES[name]
+        if field in out:
+            raise ValueError(f"goodput: {name} given twice")
+        top_ms = MAX_SLO_S[field] * 1000
+        if not 0 < ms <= top_ms:
+            raise ValueError(f"goodput: {name} must be a number of ms in (0, {top_ms:g}], "
+                             f"got {value}")
+        out[field] = ms / 1000
+    return out
+
+
 def meets_slos(ttft: np.ndarray, tpot: np.ndarray, slo_ttft_s: float | None,
                slo_tpot_s: float | None) -> np.ndarray:
     """Boolean mask of requests meeting every SLO given (<=). A missing TPOT (one-token

@@ -91,13 +91,62 @@ def test_saturated_cells_are_named_in_the_caption() -> None:
     assert "saturated" not in render([False, False])
 
 
-def test_latency_pairs_drop_decimals_from_a_thousand() -> None:
-    from sim.app.runs.compare import _pair
+def test_latency_pairs_keep_three_significant_figures() -> None:
+    from sim.app.runs.compare import _pair, sig3
 
-    assert _pair({"p50": 19.46, "p99": 62.44}, 1, 1) == "19.5/62.4"
-    assert _pair({"p50": 570.6, "p99": 1275.1}, 1, 1) == "571/1,275"
-    assert _pair({"p50": 0.0881, "p99": 1.478}, 1000, 0) == "88/1,478"
-    assert _pair({"p50": None, "p99": 2300.3}, 1, 1) == "-/2,300"
+    assert _pair({"p50": 0.01234, "p99": 0.2049}, 1) == "0.0123/0.205"
+    assert _pair({"p50": 19.46, "p99": 62.44}, 1) == "19.5/62.4"
+    assert _pair({"p50": 570.6, "p99": 1275.1}, 1) == "571/1,275"
+    assert _pair({"p50": 0.0881, "p99": 1.478}, 1000) == "88.1/1,478"
+    assert _pair({"p50": None, "p99": 2300.3}, 1) == "-/2,300"
+    # Rounding up adds a digit before the point, and the decimals follow it.
+    assert [sig3(v) for v in (9.996, 0.99951, 999.4, 999.6, 0.0, 4.9e-5)] == [
+        "10.0", "1.00", "999", "1,000", "0", "0.0000490"]
+
+
+#: A compare of five cells whose long names squeezed every column at 80 characters.
+CELLS = "static,continuous,chunked,chunked:reserve,continuous:swap"
+
+
+def _compare_text(width: int, saturated: bool = False) -> str:
+    from rich.console import Console
+
+    from sim.app.runs.compare import compare_table
+
+    summary = {
+        "throughput": {"requests_per_s": 10.77, "output_tokens_per_s": 2588.0},
+        "ttft_s": {"p50": 0.04871, "p99": 0.2716}, "tpot_s": {"p50": 0.01843, "p99": 0.03178},
+        "e2e_latency_s": {"p50": 2.817, "p99": 13.43},
+        "slots": {"useful_fraction": 0.03, "idle_fraction": 0.0, "empty_fraction": 0.97},
+        "num_preemptions": 204, "num_swaps": 0, "num_rejected": 0, "saturated": saturated,
+    }
+    console = Console(width=width, record=True)
+    console.print(compare_table([(c, summary) for c in parse_cells(CELLS)]))
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_compare_table_fits_its_width_with_every_figure_whole(width: int) -> None:
+    text = _compare_text(width, saturated=True)
+    assert "…" not in text
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= width
+    # Pairs and names may break after their '/' and ':' but nothing else is cut.
+    joined = "".join(text.split())
+    for value in ("10.77", "2,588", "0.0487/", "0.272", "18.4/", "31.8", "2.82/", "13.4",
+                  "3/0/97", "204(0)"):
+        assert value in joined, value
+    words = set(text.split())
+    assert {"chunked:reserve", "continuous:swap"} <= words or {
+        "chunked:", "reserve", "continuous:", "swap"} <= words
+
+
+def test_compare_table_cell_names_wrap_at_80_and_stay_whole_at_120() -> None:
+    wide = _compare_text(120).splitlines()
+    assert any("chunked:reserve" in line and "0.0487/0.272" in line for line in wide)
+    narrow = _compare_text(80).splitlines()
+    at = next(i for i, line in enumerate(narrow) if line.startswith("chunked:"))
+    assert narrow[at].split()[:3] == ["chunked:", "10.77", "2,588"]
+    assert narrow[at + 1].split()[0] == "reserve"
 
 
 def test_a_compare_directory_holds_one_compare_and_never_a_users_file(tmp_path: Path) -> None:

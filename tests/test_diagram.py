@@ -101,7 +101,7 @@ def test_large_run_is_cut_and_whole_run_counts_match_steps_csv() -> None:
     cfg = RunConfig(num_requests=300, step_time=0.01, max_num_seqs=32, num_gpu_blocks=400,
                     max_model_len=6384, seed=3)
     prep = prepare(cfg)
-    rec = SlotRecorder(prep.scheduler.max_num_seqs, max_steps=20, max_slots=8)
+    rec = SlotRecorder(prep.scheduler.max_num_seqs, max_steps=20, max_slots=8, first_step=1)
     steps = simulate_prepared(prep, observer=rec).steps
     grid = rec.grid("chunked")
     assert (grid.shown_steps, grid.shown_slots) == (20, 8)
@@ -218,3 +218,69 @@ def test_cli_teaching_skips_an_unregistered_default_policy(
     assert res.exit_code == 0, res.output
     assert "note: policy continuous skipped: not registered" in res.output
     assert "useful 27/56" in res.output and "useful 27/36" in res.output
+
+
+def test_default_window_is_the_first_where_the_batch_is_fullest() -> None:
+    # Slots held per step 1, 2, 3, 3, 1: of the 2-step windows (3, 5, 6, 4) the third.
+    a, b, c, d = make_requests([5, 5, 5, 5])
+    rec = SlotRecorder(max_num_seqs=3, max_steps=2)
+    for holders in ([a], [a, b], [b, c, d], [b, c, d], [b]):
+        rec(BatchPlan([(r, 1) for r in holders], holders=holders), 0.0, 1.0)
+    grid = rec.grid("t")
+    assert grid.first_step == 3
+    # c takes a's freed row 1; letters follow the window: c is A, b is B, d is C.
+    assert render_text(grid)[2:5] == ["slot 1 |A A|", "slot 2 |B B|", "slot 3 |C C|"]
+    assert grid.legend == (("A", c.request_id), ("B", b.request_id), ("C", d.request_id))
+
+
+def test_fit_width_cuts_the_text_to_the_terminal() -> None:
+    from sim.app.reports.diagram import fit_width, text_width
+
+    grid = diagram_for_config(dataclasses.replace(TEACHING, policy="static"))
+    assert fit_width(grid, 80) is grid
+    fitted = fit_width(grid, 30)  # "slot 4 " and "|" leave 22 characters: 11 steps
+    assert (fitted.shown_steps, text_width(fitted)) == (11, 30)
+    assert max(len(line) for line in render_text(fitted)[1:]) == 30
+    assert render_text(fitted)[1:3] == ["step    1       5         10",
+                                        "slot 1 |A A A A A A A A E E E|"]
+    assert fitted.cut_note() is not None and "steps 1-11 of 14" in fitted.cut_note()
+
+
+#: A run of 5,180 steps (7 slots held at most) whose busiest steps are far from step 1.
+BUSY_OPTIONS = {"num_requests": 100, "step_time": 0.01, "max_num_seqs": 32,
+                "num_gpu_blocks": 400, "max_model_len": 6384, "seed": 3, "rate": 50.0}
+BUSY = RunConfig(**BUSY_OPTIONS)  # type: ignore[arg-type]
+
+
+def test_cli_diagram_starts_busy_fits_80_columns_and_reports_progress() -> None:
+    from sim.app.cli.diagram import diagram_cli
+    from sim.app.reports.diagram import record_grid
+
+    steps = simulate_prepared(prepare(BUSY)).steps
+    held = (steps["slots_useful"] + steps["slots_idle"]).rolling(64).sum()
+    busiest = int(held.idxmax()) - 64 + 2  # the first 64-step window of the most held
+    assert busiest > 1000
+    lines: list[str] = []
+    grids = diagram_cli(run_dir=None, scenario=None, trace=None, policies=None, max_steps=64,
+                        max_slots=16, idle_letters=False, html_out=None, png_out=None,
+                        echo=lines.append, width=80, **BUSY_OPTIONS)
+    assert (grids[0].first_step, grids[0].shown_steps) == (busiest, 64)  # HTML: 64 steps
+    rows = [line for line in lines if line.startswith(("step", "slot"))]
+    assert len(rows) == 17 and max(len(line) for line in rows) <= 80
+    assert rows[0].startswith(f"step     {busiest}")
+    shown = (80 - len("slot 16 ") - 1) // 2  # one-letter cells, one space apart
+    assert f"showing steps {busiest:,}-{busiest + shown - 1:,} of {len(steps):,}" in "\n".join(
+        lines)
+    done: list[int] = []
+    record_grid(prepare(BUSY), progress=done.append)
+    assert done[-1] == 100
+
+
+def test_cli_diagram_refuses_a_first_step_past_the_run() -> None:
+    args = ["diagram", "--scenario", "teaching", "--policies", "static"]
+    res = runner.invoke(app, [*args, "--first-step", "15"])
+    assert res.exit_code == 1
+    assert res.output == ("error: --first-step: 15 is past the end of the run: static takes "
+                          "steps 1-14\n")
+    res = runner.invoke(app, [*args, "--first-step", "14"])
+    assert res.exit_code == 0 and "slot 1 |.|" in res.output, res.output

@@ -62,7 +62,7 @@ def test_overload_is_flagged_saturated_and_underload_is_not() -> None:
     assert over.summary["saturated"] is True
     assert over.summary["latency_steady_state"] is False
     sat = over.summary["saturation"]
-    assert sat["queue_growth_per_s"] > sat["threshold_per_s"]
+    assert sat["backlog_growth"] > sat["noise_floor"]
     # Throughput 1/D against 1.3/D offered: the backlog grows at about 0.3/D a second.
     assert sat["queue_growth_per_s"] == pytest.approx(0.3 / service, rel=0.2)
     assert md1(0.7 / service, 3_000, 2).summary["saturated"] is False
@@ -93,5 +93,6 @@ def test_saturation_rule_over_an_astronomical_span_warns_nothing() -> None:
     arrival = np.arange(20, dtype=np.float64) * 1e300
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = saturation_summary({"arrival_time": arrival, "finish_time": arrival + 1.0})
+        out = saturation_summary({"arrival_time": arrival, "first_scheduled_time": arrival,
+                                  "finish_time": arrival + 1.0})
     assert out["saturated"] is False

@@ -234,3 +234,79 @@ def test_headline_table_says_which_runs_saturated(two_runs: list[Path]) -> None:
     first = first[:first.index("</tr>")]
     assert first == ("<tr><td>saturated (latency not steady-state)</td><td>no</td>"
                      "<td>YES</td>")
+
+
+def test_latency_cdfs_are_on_log_axes_in_the_tables_units(two_runs: list[Path]) -> None:
+    from sim.app.reports.report import cdf_figure
+
+    runs = [load_run(p) for p in two_runs]
+    fig = cdf_figure(runs)
+    axes = [fig.layout[f"xaxis{i}" if i > 1 else "xaxis"] for i in (1, 2, 3, 4)]
+    assert [a.type for a in axes] == ["log"] * 4
+    assert [a.title.text for a in axes] == ["TTFT (ms)", "TPOT (ms)", "E2E latency (s)",
+                                            "queueing time (s)"]
+    # TTFT and TPOT in ms as in the latency table; the largest point is the run's max
+    ttft = fig.data[0]
+    assert ttft.name == "chunked" and max(ttft.x) == pytest.approx(
+        runs[0].summary["ttft_s"]["max"] * 1000)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[:3] == ["TTFT (ms, log axis)", "TPOT (ms, log axis)",
+                          "E2E latency (s, log axis)"]
+
+
+def test_timeline_counts_start_at_zero_in_whole_numbers(two_runs: list[Path]) -> None:
+    from sim.app.reports.report import timeline_figure
+
+    run = load_run(two_runs[0])
+    run.steps = run.steps.assign(num_preempted=0)
+    fig = timeline_figure([run])
+    layout = fig.layout
+    # no preemption: the axis is 0 to 1 (autorange would draw -1 to 1), integer ticks
+    assert tuple(layout.yaxis5.range) == pytest.approx((0.0, 1.05))
+    assert (layout.yaxis5.tickformat, layout.yaxis5.dtick) == (",d", 1)
+    for axis in (layout.yaxis, layout.yaxis2, layout.yaxis3, layout.yaxis4):
+        assert axis.range[0] == 0
+    assert {t.line.shape for t in fig.data} == {"hv"}  # a step's value holds until the next
+    assert "(% of blocks)" in layout.annotations[2].text
+
+
+def test_bucketed_waiting_queue_is_the_peak_of_each_bucket() -> None:
+    steps = synthetic_steps(100_000)
+    steps["num_waiting"] = (np.arange(100_000) % 100 == 7).astype(int)  # 1 every 100 steps
+    tl = timeline(steps, num_usable_blocks=1000)
+    # each bucket holds 50 steps; every other bucket holds one step with a waiting request
+    assert tl["num_waiting"].to_numpy()[:4].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_usage_fractions_are_not_starred(two_runs: list[Path]) -> None:
+    from sim.app.reports.tables import headline_table
+
+    runs = [load_run(p) for p in two_runs]
+    runs[0].summary = {**runs[0].summary, "slots": {
+        "useful_fraction": 0.5, "idle_fraction": 0.1, "empty_fraction": 0.4}}
+    runs[1].summary = {**runs[1].summary, "slots": {
+        "useful_fraction": 0.9, "idle_fraction": 0.0, "empty_fraction": 0.1}}
+    rows = {row.split("</td>")[0]: row for row in
+            headline_table(runs, "comparison").split("<tr><td>")[1:]}
+    for label in ("slots useful", "slots held idle", "KV cache peak usage"):
+        assert label in rows and "*" not in rows[label]
+    assert "TTFT p99 (ms) (lower is better)" in rows
+
+
+def test_throughput_axes_start_at_zero(two_runs: list[Path]) -> None:
+    from sim.app.reports.report import throughput_figure
+
+    fig = throughput_figure([load_run(two_runs[0])])
+    assert (fig.layout.yaxis.rangemode, fig.layout.yaxis2.rangemode) == ("tozero", "tozero")
+    assert (fig.layout.yaxis.title.text, fig.layout.yaxis2.title.text) == ("tokens/s",
+                                                                           "requests/s")
+
+
+def test_configuration_table_leaves_nested_objects_to_config_json(two_runs: list[Path]) -> None:
+    from sim.app.reports.tables import config_table
+
+    run = load_run(two_runs[0])
+    assert isinstance(run.config["resolved"]["model_spec"], dict)
+    html = config_table([run])
+    assert "<td>resolved.num_gpu_blocks</td>" in html
+    assert "model_spec" not in html and "kv_plan" not in html

@@ -222,8 +222,11 @@ def test_trace_replays_its_own_arrivals_cut_first() -> None:
     assert len(workload) == 100
     assert workload.arrival_time[1] == pytest.approx(4.314579)
     assert (workload.num_prompt_tokens[0], workload.output_len[0]) == (374, 44)
-    with pytest.raises(ValueError, match="time_scale"):
-        build(trace=shared_conv(), rate=3.0)
+    # A rate alone re-times the trace by Poisson arrivals (vllm bench serve's
+    # --request-rate), keeping its lengths in order.
+    retimed = build(trace=shared_conv(), num_requests=100, rate=3.0)
+    assert "re-timed poisson(3)" in retimed.source
+    assert (retimed.num_prompt_tokens[0], retimed.output_len[0]) == (374, 44)
     with pytest.raises(ValueError, match="not both"):
         build(trace=shared_conv(), scenario="default")
 

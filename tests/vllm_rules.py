@@ -98,13 +98,12 @@ def _int(opts: Mapping[str, str], flag: str) -> int | None:
 
 def asked(opts: Mapping[str, str], profile_model: Mapping[str, Any] | None) -> Asked:
     """``opts`` as vLLM would take them; ValueError, KeyError or OSError where vLLM's
-    flags cannot say the same (an unknown model or GPU, a profile whose model is not
-    known, a user policy, max_model_len -1 (vLLM's auto-fit), a value not of the
-    option's type)."""
-    if "profile" in opts and profile_model is None:
-        raise ValueError("a profile whose model is not known")
-    spec = (profile_model if "profile" in opts and profile_model is not None
-            else dataclasses.asdict(get_model(opts.get("model", "llama-3.1-8b"))))
+    flags cannot say the same (an unknown model or GPU, a profile: a run on the CPU it
+    was measured on, whose memory it does not record, a user policy, max_model_len -1
+    (vLLM's auto-fit), a value not of the option's type)."""
+    if "profile" in opts:  # the shipped profile's device is a CPU, not a GPU
+        raise ValueError("vLLM's CPU engine: its cache and limits are not a GPU's")
+    spec = dataclasses.asdict(get_model(opts.get("model", "llama-3.1-8b")))
     model, gpu = Model.of(spec), get_gpu(opts.get("gpu", "h100-sxm"))
     cells = opts["compare"].split(",") if "compare" in opts else [opts.get("policy", "chunked")]
     policies = tuple(c.strip().split(":")[0] for c in cells)

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import Progress
 from rich.table import Table
 
-from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
+from sim.app.cli.common import INPUT_ERRORS, ProgressDisplay, console, fail, progress_bar
+from sim.app.cli.option_values import config_options
 from sim.app.cli.options import (
     CHUNKED_SWITCH,
     CONFIG_OPTION,
+    GOODPUT_OPTION,
     OPTIONS,
     PREFIX_SWITCH,
-    config_options,
     declare,
     seeds,
     with_options,
@@ -30,10 +30,9 @@ from sim.app.runs.axes import AXES, PLAN_AXES
 
 
 @with_options(
-    *declare([n for n in OPTIONS if n != "seed"], axes=AXES,
-             router={"default": "least-outstanding"}),
+    *declare([n for n in OPTIONS if n != "seed"], axes=AXES),
     seeds("0", "every cell replays each seed's workload."), PREFIX_SWITCH, CHUNKED_SWITCH,
-    CONFIG_OPTION)
+    GOODPUT_OPTION, CONFIG_OPTION)
 def sweep(
     ctx: typer.Context,
     workers: Annotated[int | None, typer.Option(
@@ -69,7 +68,7 @@ def sweep(
     start = time.perf_counter()
     try:
         with progress_bar() as bar:
-            task = bar.add_task("simulating cells", total=n)
+            task = bar.add_task("simulating", total=n, unit="runs")
             df = run_sweep(base, grid, workers=workers, backend=backend, address=address,
                            on_done=lambda k: bar.update(task, completed=k),
                            think_time=think_time)
@@ -116,23 +115,27 @@ def sweep_table(df: Any, axes: list[str], limit: int = 60) -> Table:
 
 
 #: Run options a plan sets itself: each probe's load and arrivals (Poisson or gamma at a
-#: searched rate, or a searched number of users; a time scale or a window would change
-#: both), the replicas of its cluster check, and the seeds (--seeds).
-PLAN_SETS = ("arrival", "rate", "concurrency", "think_time", "time_scale", "window",
-             "replicas", "seed")
+#: searched rate, the trace's own arrivals time-scaled to it (plan's own --arrival), or
+#: a searched number of users), the replicas of its cluster check, and the seeds (--seeds).
+PLAN_SETS = ("arrival", "rate", "concurrency", "think_time", "time_scale", "replicas",
+             "seed")
 
 
 @with_options(
     *declare([n for n in OPTIONS if n not in PLAN_SETS], axes=PLAN_AXES,
-             trace={"help": "Trace whose lengths to use (re-timed by the probes): servesim "
-                            "CSV, Azure 2023 CSV or Mooncake JSONL."},
+             trace={"help": "Trace to plan for (re-timed by the probes, or its own timing "
+                            "with --arrival trace): servesim CSV, Azure 2023 CSV or "
+                            "Mooncake JSONL."},
              burstiness={"help": "Plan for gamma arrivals of this shape k instead of "
                                  "Poisson (CV = 1/sqrt(k))."},
-             num_requests={"default": 2000, "help": "Requests per probe (the cost and the "
-                                                    "precision of every probe)."},
-             router={"default": "least-outstanding"}, trace_sample={"default": True}),
+             num_requests={"default": 2000, "help": "Requests per re-timed probe (the cost "
+                           "and the precision of every probe); a trace-timed probe "
+                           "replays the whole trace or its --window."},
+             window={"help": "Plan on the trace's arrivals within this many seconds of "
+                             "its first (both timings)."},
+             ),
     seeds("0,1,2", "each probe runs on every seed; the capacity interval spans them."),
-    PREFIX_SWITCH, CHUNKED_SWITCH, CONFIG_OPTION)
+    PREFIX_SWITCH, CHUNKED_SWITCH, GOODPUT_OPTION, CONFIG_OPTION)
 def plan(
     ctx: typer.Context,
     slo_percentile: Annotated[float, typer.Option(
@@ -142,14 +145,20 @@ def plan(
     target_concurrency: Annotated[int | None, typer.Option(
         help="Total closed-loop users to serve (with --load concurrency).")] = None,
     load: Annotated[str, typer.Option(
-        help="Load axis to search: rate (open loop, Poisson) or concurrency (closed loop)."
+        help="Load axis to search: rate (open loop) or concurrency (closed loop)."
     )] = "rate",
+    arrival: Annotated[str, typer.Option(
+        help="How a rate probe reaches its rate: poisson re-times the requests (gamma "
+             "with --burstiness); trace replays the trace's own arrivals in order, "
+             "time-scaled to the rate, its bursts and swings kept. The report checks the "
+             "answer under the other too.")] = "poisson",
     start: Annotated[float, typer.Option(help="First load probed (req/s or users).")] = 1.0,
     tolerance: Annotated[float, typer.Option(
         help="Bisect until the bracket is within this fraction.")] = 0.02,
     max_probes: Annotated[int, typer.Option(help="Most probes per search.")] = 16,
     check_requests: Annotated[int | None, typer.Option(
-        help="Requests per cluster check (default num_requests x replicas).")] = None,
+        help="Requests per re-timed cluster check (default num_requests x replicas).")
+    ] = None,
     workers: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
     backend: Annotated[str, typer.Option(help="local or ray.")] = "local",
     address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
@@ -168,7 +177,7 @@ def plan(
     search = {"slo_percentile": slo_percentile, "target_rate": target_rate,
               "target_concurrency": target_concurrency, "load": load, "start": start,
               "tolerance": tolerance, "max_probes": max_probes,
-              "check_requests": check_requests}
+              "check_requests": check_requests, "arrival": arrival}
     opts = config_options(ctx, opts, PLAN_AXES)
     try:
         spec = _plan_spec(opts, search)
@@ -176,8 +185,11 @@ def plan(
         check_files(out, ("capacity.md", "capacity.html", "plan.json"))
     except INPUT_ERRORS as e:
         fail(str(e))
-    console.print(f"plan: {len(spec.grid.cells())} config(s) x {len(spec.grid.seeds)} seed(s), "
-                  f"{spec.base.num_requests:,} requests per probe, SLO {spec.slo.describe()}")
+    probes = (f" x {len(spec.grid.seeds)} seed(s), {spec.base.num_requests:,} requests per "
+              "probe" if spec.arrival != "trace" else f", the trace's own timing "
+              f"({spec.trace.num_requests:,} requests per probe, one seed)")
+    console.print(f"plan: {len(spec.grid.cells())} config(s){probes}, "
+                  f"SLO {spec.slo.describe()}")
     t0 = time.perf_counter()
     try:
         with progress_bar() as bar, executor as ex:
@@ -211,24 +223,25 @@ def _plan_spec(opts: dict[str, Any], a: dict[str, Any]) -> Any:
         raise ValueError(f"check_requests must be >= 1, got {a['check_requests']}")
     grid = Grid.parse({n: opts.pop(n) for n in PLAN_AXES}, opts.pop("seeds"))
     slo_ttft, slo_tpot, router = opts.pop("slo_ttft"), opts.pop("slo_tpot"), opts.pop("router")
-    base = RunConfig(**{**opts, "trace_sample": bool(opts["trace_sample"] and opts["trace"])})
+    base = RunConfig(**opts)
+    target = a["target_rate"] if a["load"] == "rate" else a["target_concurrency"]
+    spec = PlanSpec(base, SLO(slo_ttft, slo_tpot, a["slo_percentile"]), grid,
+                    load_axis=a["load"], target=target, start=a["start"],
+                    tolerance=a["tolerance"], max_probes=a["max_probes"], router=router,
+                    check_requests=a["check_requests"], arrival=a["arrival"])
     seed = grid.seeds[0] if grid.seeds else 0
     check_cells(dataclasses.replace(base, router=router), grid,
                 lambda c: with_load(c, a["load"], max(a["start"], 1.0), seed),
                 skip_refused=True)
-    target = a["target_rate"] if a["load"] == "rate" else a["target_concurrency"]
-    return PlanSpec(base, SLO(slo_ttft, slo_tpot, a["slo_percentile"]), grid,
-                    load_axis=a["load"], target=target, start=a["start"],
-                    tolerance=a["tolerance"], max_probes=a["max_probes"], router=router,
-                    check_requests=a["check_requests"])
+    return spec
 
 
 PHASES = {"search": "searching load per config and seed", "run_probe": "simulating probes",
           "run_loop": "open vs closed loop"}
 
 
-def _bar_runner(ex: Any, bar: Progress) -> Callable[[Callable[[Any], Any], list[Any]],
-                                                    list[Any]]:
+def _bar_runner(ex: Any, bar: ProgressDisplay
+                ) -> Callable[[Callable[[Any], Any], list[Any]], list[Any]]:
     task = bar.add_task("planning", total=1)
 
     def runner(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:

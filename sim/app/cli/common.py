@@ -1,13 +1,20 @@
 """What every command shares: the consoles, the one-line failure (``fail``: stderr, exit
-code 1), the exceptions that count as bad input, and the progress bar."""
+code 1), the exceptions that count as bad input, and the progress of long work (a bar with
+the time left on a terminal, a plain line every few seconds elsewhere; stderr only, so
+stdout stays the same whether or not anyone watches)."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, NoReturn
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeElapsedColumn
+from rich.text import Text
 
 # Off a terminal (pipes, CI logs) rich would assume 80 columns and cut numbers short.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -45,11 +52,145 @@ def memory_line(exc: MemoryError) -> str:
             "--num-requests, or cut a trace with --window")
 
 
-def progress_bar() -> Any:
-    """The commands' progress bar (a rich Progress on stderr, off when stderr is not a
-    terminal, gone when done)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+#: Wall-clock seconds between progress lines off a terminal, and before the first one, so
+#: that a command which ends sooner prints none.
+LINE_INTERVAL_S = 5.0
 
-    return Progress("[progress.description]{task.description}", BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
-                    transient=True, disable=not sys.stderr.isatty())
+
+class ProgressDisplay(Protocol):
+    """What the commands use of a progress display (rich's Progress, ProgressLines): tasks
+    added with a ``total`` and an optional ``unit`` field, updated with ``completed``."""
+
+    def __enter__(self) -> ProgressDisplay: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
+    def add_task(self, description: str, /, *, total: float | None = ...,
+                 unit: str | None = ...) -> Any: ...
+
+    def update(self, task: Any, /, *, completed: float | None = ...) -> None: ...
+
+    def reset(self, task: Any, /, *, total: float | None = ...,
+              description: str | None = ...) -> None: ...
+
+
+def progress_bar(*, terminal: bool | None = None, interval_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> ProgressDisplay:
+    """The commands' progress, on stderr (never stdout). On a terminal (``terminal`` None:
+    whether stderr is one) a rich bar: description, bar, done/total with the task's
+    ``unit`` field, time elapsed and time left, gone when done. Elsewhere (a pipe, a CI
+    log) ProgressLines, a line every ``interval_s`` seconds (LINE_INTERVAL_S by
+    default). ``clock``: wall-clock seconds (a fake one in tests)."""
+    if not (sys.stderr.isatty() if terminal is None else terminal):
+        return ProgressLines(_progress_line,
+                             LINE_INTERVAL_S if interval_s is None else interval_s, clock)
+    return Progress("[progress.description]{task.description}", BarColumn(), CountColumn(),
+                    TimeElapsedColumn(), TimeLeftColumn(), console=err_console,
+                    transient=True, get_time=clock)
+
+
+def _progress_line(line: str) -> None:
+    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def time_left_s(elapsed_s: float, done: float, total: float | None) -> float | None:
+    """Seconds left at the mean pace so far (``elapsed_s`` per ``done`` units); None
+    before the first unit is done or without a total."""
+    if total is None or done <= 0:
+        return None
+    return max(total - done, 0.0) * elapsed_s / done
+
+
+def time_left_text(elapsed_s: float, done: float, total: float | None) -> str:
+    """"~2 min left" (time_left_s); "" with no estimate or nothing left."""
+    left = time_left_s(elapsed_s, done, total)
+    return "" if left is None or left <= 0 else f"~{duration_text(left)} left"
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as rough as an estimate: "38 s", "12 min", "2.3 h"."""
+    if seconds < 89.5:
+        return f"{seconds:.0f} s"
+    if seconds < 89.5 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def count_text(done: float, total: float | None, unit: str | None) -> str:
+    """"4,210/19,366 requests" (no total: the count alone; no unit: the numbers alone)."""
+    count = f"{done:,.0f}" + ("" if total is None else f"/{total:,.0f}")
+    return f"{count} {unit}" if unit else count
+
+
+class CountColumn(ProgressColumn):
+    """Done/total and the task's ``unit`` field (count_text)."""
+
+    def render(self, task: Task) -> Text:
+        return Text(count_text(task.completed, task.total, task.fields.get("unit")),
+                    style="progress.download")
+
+
+class TimeLeftColumn(ProgressColumn):
+    """"~2 min left" at the mean pace since the task started (time_left_text)."""
+
+    def render(self, task: Task) -> Text:
+        return Text(time_left_text(task.elapsed or 0.0, task.completed, task.total),
+                    style="progress.remaining")
+
+
+@dataclass(slots=True)
+class LineTask:
+    """One task of ProgressLines: what it counts and since when (clock seconds)."""
+
+    description: str
+    total: float | None
+    unit: str | None
+    start_s: float
+    completed: float = 0.0
+
+
+class ProgressLines:
+    """Progress off a terminal: on an update, a line such as "servesim: simulating:
+    4,210/19,366 requests, 38 s elapsed, ~2 min left" through ``echo`` when
+    ``interval_s`` seconds of ``clock`` have passed since the last line (the first after
+    ``interval_s`` from construction, so work that ends sooner prints none)."""
+
+    def __init__(self, echo: Callable[[str], None], interval_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._echo, self._interval_s, self._clock = echo, interval_s, clock
+        self._tasks: list[LineTask] = []
+        self._next_line_s = clock() + interval_s
+
+    def __enter__(self) -> ProgressLines:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        return None
+
+    def add_task(self, description: str, /, *, total: float | None = None,
+                 unit: str | None = None) -> int:
+        """A new task (its index), started now."""
+        self._tasks.append(LineTask(description, total, unit, self._clock()))
+        return len(self._tasks) - 1
+
+    def reset(self, task: int, /, *, total: float | None = None,
+              description: str | None = None) -> None:
+        """Start ``task`` again from 0 (a new phase: the pace is measured afresh)."""
+        t = self._tasks[task]
+        t.completed, t.start_s = 0.0, self._clock()
+        t.total = t.total if total is None else total
+        t.description = t.description if description is None else description
+
+    def update(self, task: int, /, *, completed: float | None = None) -> None:
+        """Record ``completed`` units; print a line when one is due."""
+        t = self._tasks[task]
+        if completed is not None:
+            t.completed = completed
+        now = self._clock()
+        if now < self._next_line_s:
+            return
+        self._next_line_s = now + self._interval_s
+        elapsed = now - t.start_s
+        left = time_left_text(elapsed, t.completed, t.total)
+        self._echo(f"servesim: {t.description}: {count_text(t.completed, t.total, t.unit)}, "
+                   f"{duration_text(elapsed)} elapsed" + (f", {left}" if left else ""))

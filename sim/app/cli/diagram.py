@@ -10,15 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sim.app.cli.common import progress_bar
 from sim.app.reports.diagram import (
     SlotGrid,
-    diagram_for_config,
-    figure,
+    fit_width,
     legend_text,
-    render_html,
+    record_grid,
     render_text,
     side_by_side,
 )
+from sim.app.reports.slot_page import figure, render_html
 from sim.app.runs.out_dir import check_files, write_files
 
 if TYPE_CHECKING:
@@ -107,21 +108,22 @@ def policy_names(policies: str | None, default: str) -> list[str]:
 
 def diagram_cli(
     *, run_dir: Path | None, scenario: str | None, trace: str | None, policies: str | None,
-    max_steps: int, max_slots: int, first_step: int = 1, idle_letters: bool,
+    max_steps: int, max_slots: int, first_step: int | None = None, idle_letters: bool,
     html_out: Path | None, png_out: Path | None, echo: Callable[[str], None], width: int = 100,
     **overrides: Any,
 ) -> list[SlotGrid]:
     """Build, print (and optionally write) the slot diagrams of one or more policies.
 
-    With the teaching scenario and no ``policies``, a default policy that is not
-    registered is skipped with a note; any other bad input raises ValueError.
+    Each grid's window starts at ``first_step``, else where its run's batch is fullest
+    (sim/app/reports/diagram.py); its text is cut to ``width`` characters (the
+    terminal's), its HTML and PNG keep ``max_steps`` steps. With the teaching scenario and
+    no ``policies``, a default policy that is not registered is skipped with a note; any
+    other bad input raises ValueError, a ``first_step`` past a run's last step included
+    (after simulating it: the run's length is known then).
     """
-    from sim.app.runs.run_config import with_policy
-    from sim.engine import SchedulerStuck
-
-    for name, v in (("max_steps", max_steps), ("max_slots", max_slots),
-                    ("first_step", first_step)):
-        if v < 1:
+    for name, v in (("--max-steps", max_steps), ("--max-slots", max_slots),
+                    ("--first-step", first_step)):
+        if v is not None and v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     if png_out is not None:
         from sim.app.reports.report import kaleido_missing
@@ -136,24 +138,15 @@ def diagram_cli(
     names = policy_names(policies, TEACHING_POLICIES if default else cfg.policy)
     if png_out is not None:
         _check_pngs(Path(png_out), len(names))
-    grids: list[SlotGrid] = []
-    for name in names:
-        try:
-            grids.append(diagram_for_config(with_policy(cfg, name), max_steps=max_steps,
-                                            max_slots=max_slots, first_step=first_step))
-        except ValueError as e:
-            if default and str(e).startswith(f"unknown policy {name!r}"):
-                echo(f"note: policy {name} skipped: not registered ({e})")
-                continue
-            raise
-        except SchedulerStuck as e:
-            raise ValueError(f"policy {name}: {e}") from e
+    grids = _grids(cfg, names, default, echo, max_steps=max_steps, max_slots=max_slots,
+                   first_step=first_step)
     echo(legend_text(idle_letters))
     echo("")
-    for line in side_by_side([render_text(g, idle_letters=idle_letters) for g in grids],
+    shown = [fit_width(g, width) for g in grids]
+    for line in side_by_side([render_text(g, idle_letters=idle_letters) for g in shown],
                              width=width):
         echo(line)
-    _echo_notes(grids, echo)
+    _echo_notes(shown, echo)
     if html_out is not None:
         page = render_html(grids, idle_letters=idle_letters)
         write_files(Path(html_out).parent, {Path(html_out).name: lambda: page}, "--html")
@@ -163,6 +156,40 @@ def diagram_cli(
 
         paths = write_pngs([figure(g) for g in grids], Path(png_out))
         echo("wrote " + ", ".join(str(p) for p in paths))
+    return grids
+
+
+def _grids(cfg: RunConfig, names: list[str], default: bool, echo: Callable[[str], None],
+           *, max_steps: int, max_slots: int, first_step: int | None) -> list[SlotGrid]:
+    """One grid per policy of ``names``, each run simulated with its requests done on the
+    progress bar; a ``default`` (teaching) policy that is not registered is skipped with
+    a note. Raises ValueError for a bad policy, a stuck scheduler or a ``first_step``
+    past a run's last step."""
+    from sim.app.runs.run_config import with_policy
+    from sim.app.runs.runner import prepare
+    from sim.engine import SchedulerStuck
+
+    grids: list[SlotGrid] = []
+    with progress_bar() as bar:
+        task = bar.add_task("simulating", total=None, unit="requests")
+        for name in names:
+            try:
+                prep = prepare(with_policy(cfg, name))
+                bar.reset(task, total=len(prep.workload), description=f"simulating {name}")
+                grid = record_grid(prep, max_steps=max_steps, max_slots=max_slots,
+                                   first_step=first_step,
+                                   progress=lambda done: bar.update(task, completed=done))
+            except ValueError as e:
+                if default and str(e).startswith(f"unknown policy {name!r}"):
+                    echo(f"note: policy {name} skipped: not registered ({e})")
+                    continue
+                raise
+            except SchedulerStuck as e:
+                raise ValueError(f"policy {name}: {e}") from e
+            if first_step is not None and first_step > grid.num_steps:
+                raise ValueError(f"--first-step: {first_step:,} is past the end of the run: "
+                                 f"{name} takes steps 1-{grid.num_steps:,}")
+            grids.append(grid)
     return grids
 
 

@@ -80,16 +80,15 @@ def inspect_model(**opts: Any) -> None:
     FLOPs per token."""
     from calibration.hf_config import resolve_model
     from calibration.quantization import check_quantization_name
-    from calibration.specs import DTYPE_BYTES
+    from sim.app.runs.run_config import DEFAULT_MODEL, dtype_name
 
     try:
-        if opts["dtype"] not in DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, "
-                             f"got {opts['dtype']!r}")
+        dtype = dtype_name(opts["dtype"])
         check_quantization_name(opts["quantization"])
-        spec = resolve_model(opts["model"], opts["quantization"], opts["kv_cache_dtype"])
+        spec = resolve_model(opts["model"] or DEFAULT_MODEL, opts["quantization"],
+                             opts["kv_cache_dtype"])
         spec.check_tensor_parallel(opts["tensor_parallel_size"])
-        rows = derived_rows(spec, opts["dtype"], opts["tensor_parallel_size"])
+        rows = derived_rows(spec, dtype, opts["tensor_parallel_size"])
     except INPUT_ERRORS as e:
         fail(str(e))
     for title, body in (("architecture", architecture_rows(spec)), ("derived", rows)):

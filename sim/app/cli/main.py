@@ -9,6 +9,7 @@ traceback. Commands are plain functions in their own modules (``run``, ``capacit
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from calibration.cli import register as register_calibrate
 from sim.app.cli.capacity import plan, sweep
 from sim.app.cli.common import err_console
 from sim.app.cli.inspect import inspect_model
+from sim.app.cli.option_values import join_goodput
 from sim.app.cli.run import list_known, report, run
 from sim.app.cli.stop import Stopped, exit_code, install, kept_line
 from sim.app.cli.tools import diagram
@@ -29,6 +31,9 @@ from sim.staging import remove_own_staging
 app = typer.Typer(
     name="servesim", help="LLM-serving scheduling simulator (vLLM-faithful policies).",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    # click's plain help wraps option names and help texts to the terminal's width;
+    # rich's panels give the option column half of 80 columns and cut the rest with "…".
+    rich_markup_mode=None,
 )
 
 
@@ -58,6 +63,23 @@ app.command()(diagram)
 app.command()(validate)
 # calibration/cli.py imports torch only inside the command, so this stays cheap.
 register_calibrate(app)
+
+
+def summary(help_text: str) -> str:
+    """The first paragraph of a command's help (its docstring) as one line."""
+    return " ".join(inspect.cleandoc(help_text).split("\n\n")[0].split())
+
+
+def list_whole(typer_app: typer.Typer) -> None:
+    """Give each command of ``typer_app`` without a short help the first paragraph of
+    its docstring as one: click lists a short help whole, wrapped, where it would cut
+    the docstring to one line and "..."."""
+    for info in typer_app.registered_commands:
+        if info.short_help is None and info.callback is not None:
+            info.short_help = summary(info.callback.__doc__ or "")
+
+
+list_whole(app)
 
 
 #: The options naming what a command writes (--out of run, report, sweep, plan, validate
@@ -108,7 +130,7 @@ def run_app() -> int:
     other bad input. typer keeps click's exception classes private, so they are
     recognised by name. Returns the exit code."""
     try:
-        code = app(standalone_mode=False)
+        code = app(args=join_goodput(sys.argv[1:]), standalone_mode=False)
     except Exception as e:  # re-raised below unless it is a usage error
         names = {c.__name__ for c in type(e).__mro__}
         if "NoArgsIsHelpError" in names:  # `servesim` alone: the help, exit 0

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, get_args
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -56,10 +55,13 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "Face config.json or a folder holding one (a local snapshot; `servesim inspect` "
         "shows what is derived from it). Default: llama-3.1-8b, or with --profile the "
         "profile's model (another model is refused)."),
-    Opt("gpu", str, "h100-sxm", "GPU preset (see `servesim list`) or a GPU spec file "
-        "(.json or .toml; keys as in calibration/data/gpus.json)."),
-    Opt("dtype", str, "bf16", "Weights and KV dtype: bf16, fp16, fp32 (or vLLM's auto, "
-        "bfloat16, float16, half, float32, float)."),
+    Opt("gpu", str | None, None, "GPU preset (see `servesim list`) or a GPU spec file "
+        "(.json or .toml; keys as in calibration/data/gpus.json). Default: h100-sxm, or with "
+        "--profile the device it was measured on (cpu for a CPU profile, whose KV cache is "
+        "then the profile's; a --gpu that is another device is refused)."),
+    Opt("dtype", str | None, None, "Weights and KV dtype: bf16, fp16, fp32 (or vLLM's "
+        "auto, bfloat16, float16, half, float32, float). Default: auto (bf16 for every "
+        "preset), or with --profile the profile's dtype (another is refused)."),
     Opt("quantization", str | None, None, "Weight quantization, vLLM's --quantization: "
         "fp8, compressed-tensors, awq, gptq (default: the checkpoint's quantization_config, "
         "else none; awq and gptq without one: 4-bit, groups of 128)."),
@@ -99,6 +101,15 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
     Opt("step_time", float | None, None,
         "Constant step time in seconds instead of a cost model."),
     Opt("profile", str | None, None, "Calibrated profile JSON to use as the cost model."),
+    # The roofline's constants (calibration/roofline.py); None: its fitted ones.
+    Opt("roofline_compute_efficiency", float | None, None, "Roofline: achieved / peak GEMM "
+        "FLOP/s, in (0, 1] (default: the GPU's measured one, e.g. H100 0.77, else 0.75)."),
+    Opt("roofline_memory_efficiency", float | None, None,
+        "Roofline: achieved / peak memory bandwidth, in (0, 1] (default 0.9)."),
+    Opt("roofline_step_overhead_s", float | None, None,
+        "Roofline: seconds a step adds (scheduling, launch; default 0.00125)."),
+    Opt("roofline_per_seq_overhead_s", float | None, None,
+        "Roofline: seconds a sequence adds to its step (sampling; default 4e-05)."),
     Opt("trace", str | None, None, "Trace file: servesim CSV, Azure 2023 CSV, Mooncake JSONL "
         "or a vllm bench serve result (--save-result --save-detailed)."),
     Opt("trace_format", str | None, None,
@@ -106,7 +117,9 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
     Opt("scenario", str | None, None, "Built-in scenario (see `servesim list`)."),
     Opt("arrival", str | None, None,
         "Arrival process: poisson, gamma, constant, bursts (re-times a trace)."),
-    Opt("rate", float | None, None, "Arrival rate in requests/s.",
+    Opt("rate", float | None, None, "Arrival rate in requests/s (a trace is re-timed by "
+        "Poisson arrivals at this rate unless --arrival names another process, as vllm "
+        "bench serve's --request-rate does; --time-scale replays its own arrivals faster).",
         "2,4,8; a trace is re-timed by Poisson arrivals (gamma with --burstiness) unless "
         "--arrival names another process"),
     Opt("burstiness", float | None, None,
@@ -141,9 +154,11 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "when its previous one ends (instead of open-loop arrivals).", "8,16,32"),
     Opt("think_time", float, 0.0,
         "Closed loop: seconds a user waits before sending its next request."),
-    Opt("trace_sample", bool, False,
+    Opt("trace_sample", bool | None, None,
         "Draw --num-requests at random from the whole trace (seeded) instead of taking "
-        "the first ones; shuffled when re-timed."),
+        "the first ones; shuffled when re-timed (default: on when the trace is re-timed "
+        "by --rate, --arrival or --burstiness, off when its own arrivals are replayed).",
+        flags=("--trace-sample/--no-trace-sample",)),
     Opt("prefix_cache", str | None, None, "Prefix caching: none, block (vLLM's block-hash "
         "cache) or radix (SGLang's radix tree); prompts share blocks by Mooncake hash_ids or "
         "a scenario's prompt segments (docs/prefix_caching.md). Default: vLLM's, block where "
@@ -163,26 +178,34 @@ FRONTEND_OPTIONS: tuple[Opt, ...] = (
 )
 
 
-#: The config file of the commands that simulate: not a RunConfig field (config_options
-#: reads it under the flags given).
+#: The config file of the commands that simulate: not a RunConfig field
+#: (option_values.config_options reads it under the flags given).
 CONFIG_OPTION = Opt(
     "config", Path | None, None, "Settings from a file, under the flags given: servesim's "
     "options in YAML or TOML (names with - or _), a vLLM serve --config YAML (its keys "
     "that mean the same are read, the rest named and ignored), or a run's config.json "
     "(reproduces that run; says so when its trace has changed).")
 
-#: vLLM's spelling of the prefix-cache switch: sets prefix_cache (config_options).
+#: vLLM's spelling of the prefix-cache switch: sets prefix_cache (option_values.config_options).
 PREFIX_SWITCH = Opt(
     "enable_prefix_caching", bool | None, None, "vLLM's switch: on = --prefix-cache block, "
     "off = none (default: vLLM's, on where prompts carry content).",
     flags=("--enable-prefix-caching/--no-enable-prefix-caching",))
 
 
-#: vLLM's chunked-prefill switch: sets the policy (config_options).
+#: vLLM's chunked-prefill switch: sets the policy (option_values.config_options).
 CHUNKED_SWITCH = Opt(
     "enable_chunked_prefill", bool | None, None, "vLLM's switch: on = --policy chunked, "
     "off = --policy continuous (vLLM V1 without chunked prefill).",
     flags=("--enable-chunked-prefill/--no-enable-chunked-prefill",))
+
+
+#: vLLM bench serve's SLOs for goodput, in ms: sets slo_ttft and slo_tpot
+#: (option_values.config_options).
+GOODPUT_OPTION = Opt(
+    "goodput", str | None, None, "vLLM bench serve's SLOs, KEY:VALUE in milliseconds "
+    "(ttft:2000 tpot:50; as vLLM writes it, the pairs after one --goodput): sets "
+    "--slo-ttft and --slo-tpot in seconds.", flags=("--goodput",))
 
 
 def list_form(opt: Opt) -> Opt:
@@ -237,127 +260,3 @@ def with_options(*opts: Opt) -> Callable[[F], F]:
             parameters=[*(o.parameter() for o in opts), *own])
         return command
     return add
-
-
-def config_options(ctx: typer.Context, opts: dict[str, Any],
-                   list_forms: Collection[str] = ()) -> dict[str, Any]:
-    """A command's option values with those of its ``--config`` file where no flag was
-    given (``ctx``, the command's context, says which were), and
-    ``--[no-]enable-prefix-caching`` as ``prefix_cache``, and vLLM's env var
-    VLLM_ALLOW_LONG_MAX_MODEL_LEN as ``--allow-long-max-model-len`` (allow_long);
-    sim/app/runs/config_file.py reads the file. ``list_forms`` are the options the command takes
-    comma-separated (sweep's and plan's axes). Prints the file's warnings (ignored keys,
-    a changed trace) on stderr, one line each; bad input exits with one line (fail)."""
-    from sim.app.cli.common import INPUT_ERRORS, fail, warn
-
-    try:
-        opts, warnings = _with_file(dict(opts), _given(ctx, opts), set(list_forms))
-    except INPUT_ERRORS as e:
-        fail(str(e))
-    allow_long(opts, os.environ)
-    for line in warnings:
-        warn(line)
-    return opts
-
-
-def _with_file(opts: dict[str, Any], given: set[str],
-               list_forms: set[str]) -> tuple[dict[str, Any], list[str]]:
-    """config_options' work: the merged values and the warnings; ValueError or OSError
-    for a bad file or contradicting flags."""
-    from sim.app.runs.config_file import read_config, trace_change
-
-    path, switch = opts.pop("config", None), opts.pop("enable_prefix_caching", None)
-    if switch is not None:
-        _switch(opts, switch, "prefix_cache" in given)
-        given.add("prefix_cache")
-    chunked = opts.pop("enable_chunked_prefill", None)
-    if chunked is not None:
-        _chunked_switch(opts, chunked, "policy" in given)
-        given.add("policy")
-    if path is None:
-        return opts, []
-    seeds = "seeds" in opts  # sweep's and plan's list of seeds reads a file's seed
-    cf = read_config(path, set(opts) | ({"seed"} if seeds else set()))
-    warnings = list(cf.notes)
-    if cf.ignored:
-        warnings.append(f"config {path}: ignored, not options of this command: "
-                        + ", ".join(cf.ignored))
-    for name, value in cf.values.items():
-        name = "seeds" if name == "seed" and seeds else name
-        if name not in given:
-            opts[name] = _value(name, value, name in list_forms or name == "seeds")
-    from_file = "trace" in cf.values and "trace" not in given
-    changed = trace_change(cf, opts["trace"]) if from_file else None
-    if changed is not None:
-        warnings.append(changed)
-    return opts, warnings
-
-
-#: vLLM's env var that allows a max_model_len above the model's context (vLLM 0.32
-#: vllm/envs.py: "1" or "true", any case, spaces stripped).
-ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
-
-
-def allow_long(opts: dict[str, Any], environ: Mapping[str, str]) -> None:
-    """Set ``allow_long_max_model_len`` in a command's ``opts`` (when it takes it) where
-    ``environ`` sets VLLM_ALLOW_LONG_MAX_MODEL_LEN as vLLM reads it; the flag, a config
-    file or the env var each allow it."""
-    if "allow_long_max_model_len" not in opts:
-        return
-    if environ.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
-        opts["allow_long_max_model_len"] = True
-
-
-def _given(ctx: typer.Context, opts: Mapping[str, Any]) -> set[str]:
-    """The options given on the command line (or by environment), as click records
-    them in the command's context (its ParameterSource, read by name: typer may bring
-    its own copy of click)."""
-    sources = {n: ctx.get_parameter_source(n) for n in opts}
-    return {n for n, s in sources.items()
-            if s is not None and s.name not in ("DEFAULT", "DEFAULT_MAP")}
-
-
-def _switch(opts: dict[str, Any], on: bool, prefix_cache_given: bool) -> None:
-    """--[no-]enable-prefix-caching: prefix_cache block or none; with --prefix-cache
-    given too, each of its modes must agree (radix is a prefix cache on)."""
-    if not prefix_cache_given:
-        opts["prefix_cache"] = "block" if on else "none"
-        return
-    modes = [m.strip() for m in str(opts["prefix_cache"]).split(",")]
-    if not all((m != "none") == on for m in modes):
-        flag = "--enable-prefix-caching" if on else "--no-enable-prefix-caching"
-        raise ValueError(f"{flag} contradicts --prefix-cache {opts['prefix_cache']}")
-
-
-def _chunked_switch(opts: dict[str, Any], on: bool, policy_given: bool) -> None:
-    """--[no-]enable-chunked-prefill: policy chunked or continuous; with --policy given
-    too, each of its policies must be the one the switch names."""
-    policy = "chunked" if on else "continuous"
-    if not policy_given:
-        opts["policy"] = policy
-        return
-    if any(p.strip() != policy for p in str(opts["policy"]).split(",")):
-        flag = "--enable-chunked-prefill" if on else "--no-enable-chunked-prefill"
-        raise ValueError(f"{flag} (--policy {policy}) contradicts --policy {opts['policy']}")
-
-
-def _value(name: str, value: Any, listed: bool) -> Any:
-    """A file's ``value`` for option ``name``: comma-separated text for a list form,
-    else checked against the option's type (an int is a float; ValueError otherwise)."""
-    if listed:
-        items = value if isinstance(value, list) else [value]
-        return ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in items)
-    opt = {**OPTIONS, **{o.name: o for o in FRONTEND_OPTIONS}}.get(name)
-    if opt is None or value is None:
-        return value
-    types = get_args(opt.type) or (opt.type,)
-    if isinstance(value, int) and not isinstance(value, bool) and float in types:
-        return float(value)
-    if isinstance(value, bool) and bool not in types:
-        ok = False
-    else:
-        ok = any(isinstance(value, t) for t in types if t is not type(None))
-    if not ok:
-        wanted = " or ".join(t.__name__ for t in types if t is not type(None))
-        raise ValueError(f"config: {name} must be {wanted}, got {value!r}")
-    return value

@@ -5,26 +5,36 @@ commands that use them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar, warn
+from sim.app.cli.common import (
+    INPUT_ERRORS,
+    ProgressDisplay,
+    console,
+    fail,
+    progress_bar,
+    warn,
+)
+from sim.app.cli.option_values import config_options
 from sim.app.cli.options import (
     CHUNKED_SWITCH,
     CONFIG_OPTION,
+    GOODPUT_OPTION,
     OPTIONS,
     PREFIX_SWITCH,
-    config_options,
     declare,
     with_options,
 )
 from sim.app.cli.tables import headline_table, replica_table, scale_out_line, summary_table
 
 
-@with_options(*declare(OPTIONS), PREFIX_SWITCH, CHUNKED_SWITCH, CONFIG_OPTION)
+@with_options(*declare(OPTIONS), PREFIX_SWITCH, CHUNKED_SWITCH, GOODPUT_OPTION,
+              CONFIG_OPTION)
 def run(
     ctx: typer.Context,
     compare: Annotated[str | None, typer.Option(
@@ -93,10 +103,13 @@ def _check_out(cfg: Any, cells: list[Any] | None, out: Path, report: bool) -> No
 
 
 def _print_engine(prep: Any) -> None:
-    """The workload, the cost model and the KV capacity, before the run."""
+    """The workload, the cost model (and its warnings) and the KV capacity, before the
+    run."""
     cfg, bs = prep.config, prep.config.block_size
     console.print(f"workload: {len(prep.workload):,} requests ({prep.workload.source})")
     console.print(f"cost model: {prep.cost_model_label}")
+    for line in prep.warnings:
+        warn(line)
     console.print(f"# GPU blocks: {prep.num_gpu_blocks:,}; GPU KV cache size: "
                   f"{prep.num_gpu_blocks * bs:,} tokens")
     console.print(f"Maximum concurrency for {prep.scheduler.max_model_len:,} tokens per "
@@ -130,7 +143,10 @@ def _compare(cfg: Any, prep: Any, cells: list[Any], out: Path) -> None:
     from sim.engine import SchedulerStuck
 
     try:
-        results = run_compare(cfg, prep.workload, cells, out, _run_with_progress)
+        with progress_bar() as bar:  # one task: every cell's requests, one ETA
+            task = bar.add_task("simulating", total=len(cells) * len(prep.workload),
+                                unit="requests")
+            results = run_compare(cfg, prep.workload, cells, out, _cells_on(bar, task))
     except (SchedulerStuck, *INPUT_ERRORS) as e:
         fail(str(e))
     console.print(compare_table(results, title=f"compare ({prep.cost_model_label})"))
@@ -139,11 +155,29 @@ def _compare(cfg: Any, prep: Any, cells: list[Any], out: Path) -> None:
 
 
 def _run_with_progress(prep: Any) -> Any:
+    """simulate_prepared with its requests done on the progress bar."""
     from sim.app.runs.runner import simulate_prepared
 
     with progress_bar() as bar:
-        task = bar.add_task("simulating", total=len(prep.workload))
+        task = bar.add_task("simulating", total=len(prep.workload), unit="requests")
         return simulate_prepared(prep, progress=lambda done: bar.update(task, completed=done))
+
+
+def _cells_on(bar: ProgressDisplay, task: Any) -> Callable[[Any], Any]:
+    """simulate_prepared for compare's cells, one after another, counting the requests
+    done in every cell so far on ``bar``'s ``task``."""
+    from sim.app.runs.runner import simulate_prepared
+
+    before = 0  # requests of the cells already simulated
+
+    def simulate_cell(prep: Any) -> Any:
+        nonlocal before
+        base = before
+        result = simulate_prepared(
+            prep, progress=lambda done: bar.update(task, completed=base + done))
+        before += len(prep.workload)
+        return result
+    return simulate_cell
 
 
 def _write_report(run_dirs: list[Path], out: Path) -> None:

@@ -30,12 +30,39 @@ def summary_table(summary: dict[str, Any], title: str = "summary") -> Table:
     return t
 
 
+def _seconds(t: float) -> str:
+    """A time for a one-line account: one decimal below 1,000 s, none above."""
+    return f"{t:,.1f}" if abs(t) < 1000 else f"{t:,.0f}"
+
+
 def saturation_text(summary: dict[str, Any]) -> str:
-    """One line for tables: whether the run saturated (see sim/saturation.py)."""
-    if summary.get("saturated"):
-        return ("[bold red]SATURATED[/bold red]: the queue grows over the arrival window; "
-                "latency percentiles are not steady-state")
-    return "no (steady state)"
+    """One line for tables: whether the run saturated and what the rule saw, from
+    summary.json's ``saturation`` (see sim/saturation.py): the backlog's growth and
+    window, then when it drained or how many still waited when arrivals ended (or, for
+    a run flagged by its requests in the system alone, their growth over the second half
+    of arrivals); for a steady run the largest backlog and why it did not count."""
+    sat = summary.get("saturation") or {}
+    if "backlog_growth" not in sat:  # not measured (too few requests, one instant)
+        if summary.get("saturated"):
+            return "[bold red]SATURATED[/bold red]: latency percentiles are not steady-state"
+        return f"no (not measured: {sat['reason']})" if "reason" in sat else "no"
+    grew, (start, end) = sat["backlog_growth"], sat["growth_window_s"]
+    if not summary.get("saturated"):
+        return (f"no (steady state: largest backlog {grew:,} at {_seconds(end)} s, "
+                f"{sat['reason']})")
+    if sat["reason"] is not None:  # saturated by the requests in the system alone
+        pile = sat["in_system"]
+        mid, last = pile["window_s"]
+        return (f"[bold red]SATURATED[/bold red]: requests in the system grew by "
+                f"{pile['growth']:,.0f} from {_seconds(mid)} s to {_seconds(last)} s, still "
+                f"growing when arrivals ended")
+    text = (f"[bold red]SATURATED[/bold red]: backlog grew by {grew:,} requests from "
+            f"{_seconds(start)} s to {_seconds(end)} s")
+    drained, arrivals_end = sat["drained_s"], sat["arrival_window_s"][1]
+    if drained is not None and drained <= arrivals_end:
+        return f"{text}, drained by {_seconds(drained)} s"
+    return (f"{text}; {sat['backlog_at_end_of_arrivals']:,} still waiting when arrivals "
+            f"ended at {_seconds(arrivals_end)} s")
 
 
 def scale_out_line(cfg: Any) -> str:

@@ -1,5 +1,5 @@
 """``servesim diagram``: the command that looks inside a run (the slot diagram). The work
-is in sim/app/cli/diagram.py and sim/app/reports/diagram.py."""
+is in sim/app/cli/diagram.py, sim/app/reports/diagram.py and sim/app/reports/slot_page.py."""
 
 from __future__ import annotations
 
@@ -26,9 +26,13 @@ def diagram(
     policies: Annotated[str | None, typer.Option(
         help="Comma-separated policies, one grid each (teaching: static,continuous,chunked; "
              "else the run's policy or chunked).")] = None,
-    max_steps: Annotated[int, typer.Option(help="Steps shown (the rest is cut).")] = 64,
+    max_steps: Annotated[int, typer.Option(
+        help="Steps shown (the rest is cut; the terminal's width cuts the text further, "
+             "not --html or --png).")] = 64,
     max_slots: Annotated[int, typer.Option(help="Slot rows shown (the rest is cut).")] = 16,
-    first_step: Annotated[int, typer.Option(help="First step shown (1-based).")] = 1,
+    first_step: Annotated[int | None, typer.Option(
+        help="First step shown (1-based; default: where the batch is fullest, the first "
+             "window of --max-steps steps whose steps hold the most slots).")] = None,
     idle_letters: Annotated[bool, typer.Option(
         "--idle-letters", help="Show idle cells as the holder's lowercase letter, not '.'.")
     ] = False,
@@ -47,7 +51,8 @@ def diagram(
             run_dir=run_dir, policies=policies, max_steps=max_steps, max_slots=max_slots,
             first_step=first_step, idle_letters=idle_letters, html_out=html, png_out=png,
             width=console.width,
-            echo=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
+            # Grid rows are cut to the width; rich wraps the notes and legend at words.
+            echo=lambda line: console.print(line, markup=False, highlight=False),
             **opts)
     except INPUT_ERRORS as e:
         fail(str(e))

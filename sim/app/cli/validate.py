@@ -13,10 +13,10 @@ from typing import Annotated, Any
 import typer
 
 from sim.app.cli.common import INPUT_ERRORS, console, fail, progress_bar
+from sim.app.cli.option_values import config_options
 from sim.app.cli.options import (
     CONFIG_OPTION,
     FRONTEND_OPTIONS,
-    config_options,
     declare,
     with_options,
 )
@@ -149,7 +149,7 @@ def _print_torch(data: dict[str, Any], out: Path) -> None:
 
 def _validate_with_progress(prep: Any, real: Any, run: Any) -> Any:
     with progress_bar() as bar:
-        task = bar.add_task("real run", total=len(prep.workload))
+        task = bar.add_task("real run", total=len(prep.workload), unit="requests")
         return run(prep, real, progress=lambda done: bar.update(task, completed=done))
 
 

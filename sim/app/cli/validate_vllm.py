@@ -61,7 +61,8 @@ def validate_vllm(out: Path, python: str | None, device: str | None, timer: str,
                   f"{prep.num_gpu_blocks:,} blocks", highlight=False)
     try:
         with progress_bar() as bar:
-            task = bar.add_task("vLLM serving", total=len(prep.workload))
+            task = bar.add_task("vLLM serving", total=len(prep.workload),
+                                unit="requests")
             v = run_vllm_validation(prep, setup,
                                     lambda done: bar.update(task, completed=done))
         also = price_also(prep, v, also_profile) if also_profile is not None else None

@@ -1,9 +1,9 @@
 """Slot diagrams: which request holds which batch slot at each engine step.
 
-Owns the SlotRecorder (an engine StepObserver), the SlotGrid it produces, and its two
-renderings: text for the terminal (a textbook figure: ``A``, ``B``, ... for requests that
-compute this step, ``.`` for a slot held idle, a blank for an empty slot) and HTML
-(plotly, imported lazily; held-idle cells hatched).
+Owns the SlotRecorder (an engine StepObserver), the SlotGrid it produces, and its text
+rendering for the terminal (a textbook figure: ``A``, ``B``, ... for requests that compute
+this step, ``.`` for a slot held idle, a blank for an empty slot); the HTML page and
+figure are sim/app/reports/slot_page.py's.
 
 Slot rule: a request takes the lowest free slot row when it first holds a slot (admission)
 and keeps that row until it stops holding one (finish or preemption; a preempted request
@@ -13,19 +13,23 @@ member of a static batch; a running decode stalled by a prefill-only step), *emp
 nobody holds it. The three fractions count cells of max_num_seqs x steps, as the
 slots_useful / slots_idle / slots_empty columns of steps.csv do.
 
-Large runs are cut: the grid keeps the first ``max_steps`` steps and ``max_slots`` rows;
-the whole-run counts are still exact. ``diagram_for_config`` re-simulates a RunConfig
-through sim.app.runs.runner (imported lazily) with the recorder attached.
+Large runs are cut: the grid keeps a window of ``max_steps`` steps (from a given first
+step, else the first where the batch is fullest) and ``max_slots`` rows, and its text is
+cut again to a terminal's width (fit_width); the whole-run counts are still exact.
+``diagram_for_config`` re-simulates a RunConfig through sim.app.runs.runner (imported
+lazily) with the recorder attached.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sim.app.runs.runner import RunConfig
+    from sim.app.runs.runner import Prepared, RunConfig
     from sim.batch import BatchPlan
     from sim.request import Request
 
@@ -75,13 +79,18 @@ class Counts:
         return "  ".join(parts)
 
 
+#: One step's shown slot rows: row -> (request_id, tokens computed this step, 0 = idle).
+Column = dict[int, tuple[str, int]]
+
+
 @dataclass(frozen=True, slots=True)
 class SlotGrid:
     """The recorded diagram of one run. ``cells[slot][step]`` is a Cell or None (empty).
 
     num_slots / num_steps are the run's; the grid holds the first len(cells) slot rows
     and len(cells[0]) steps from ``first_step`` (1-based). ``shown`` counts the cells of
-    the grid, ``run`` the whole run.
+    the grid, ``run`` the whole run. Letters follow the order in which requests first
+    appear in the grid (by step, then slot row).
     """
 
     title: str
@@ -91,7 +100,7 @@ class SlotGrid:
     cells: tuple[tuple[Cell | None, ...], ...]
     shown: Counts
     run: Counts
-    legend: tuple[tuple[str, str], ...]  # (letter, request_id) in order of admission
+    legend: tuple[tuple[str, str], ...]  # (letter, request_id) in order of appearance
 
     @property
     def shown_steps(self) -> int:
@@ -110,56 +119,94 @@ class SlotGrid:
         if not self.is_cut:
             return None
         last = self.first_step + self.shown_steps - 1
-        return (f"cut: showing steps {self.first_step}-{last} of {self.num_steps:,} and slots "
-                f"1-{self.shown_slots} of {self.num_slots}; whole run: "
+        return (f"cut: showing steps {self.first_step:,}-{last:,} of {self.num_steps:,} and "
+                f"slots 1-{self.shown_slots} of {self.num_slots}; whole run: "
                 f"{self.run.fractions_text()}")
+
+    def first_steps(self, num_steps: int) -> SlotGrid:
+        """The grid cut to its first ``num_steps`` steps, lettered afresh."""
+        columns = [{row: (c.request_id, c.num_tokens) for row, line in enumerate(self.cells)
+                    if (c := line[step]) is not None} for step in range(num_steps)]
+        return make_grid(self.title, self.num_slots, self.num_steps, self.first_step,
+                         columns, self.shown_slots, self.run)
+
+
+def make_grid(title: str, num_slots: int, num_steps: int, first_step: int,
+              columns: list[Column], shown_slots: int, run: Counts) -> SlotGrid:
+    """A SlotGrid of ``columns`` (steps from ``first_step``, rows below ``shown_slots``),
+    its requests lettered A, B, ... in order of first appearance (by step, then row)."""
+    letters: dict[str, str] = {}
+    for column in columns:
+        for row in sorted(column):
+            letters.setdefault(column[row][0], label_for(len(letters)))
+    cells = tuple(tuple(None if (held := col.get(row)) is None
+                        else Cell(letters[held[0]], held[0], held[1]) for col in columns)
+                  for row in range(shown_slots))
+    flat = [c for line in cells for c in line if c is not None]
+    shown = Counts(sum(c.num_tokens > 0 for c in flat), sum(c.num_tokens == 0 for c in flat),
+                   shown_slots * len(columns))
+    legend = tuple((lab, rid) for rid, lab in letters.items())
+    return SlotGrid(title, num_slots, num_steps, first_step, cells, shown, run, legend)
 
 
 @dataclass(slots=True)
 class SlotRecorder:
-    """An engine StepObserver that assigns slot rows and records the first steps.
+    """An engine StepObserver that assigns slot rows and records a window of steps.
 
-    Records steps first_step .. first_step + max_steps - 1 (1-based); slot rows are
-    assigned from the first step on. Call ``grid(title)`` after the simulation.
+    The window is ``max_steps`` steps from ``first_step`` (1-based) when it is given;
+    else the busiest: the first window of the run whose steps hold the most slots of the
+    whole batch (the whole run when it is shorter). Slot rows are assigned from the first
+    step on. Call ``grid(title)`` after the simulation.
     """
 
     max_num_seqs: int
     max_steps: int = 64
     max_slots: int = 16
-    first_step: int = 1
+    first_step: int | None = None
     num_steps: int = 0
     useful: int = 0
     held: int = 0
     _slot_of: dict[Request, int] = field(default_factory=dict)
     _free: list[int] = field(default_factory=list)
     _next_row: int = 0
-    _columns: list[dict[int, Cell]] = field(default_factory=list)
-    _labels: dict[Request, str] = field(default_factory=dict)
-    _legend: list[tuple[str, str]] = field(default_factory=list)
+    _window: deque[tuple[Column, int]] = field(default_factory=deque)  # (column, slots held)
+    _window_held: int = 0
+    _best: tuple[int, int, list[Column]] | None = None  # (slots held, first step, columns)
 
     def __call__(self, plan: BatchPlan, start_s: float, end_s: float) -> None:
         self.num_steps += 1
         self.useful += len(plan.scheduled)
         self.held += plan.num_slots_held
-        if self.num_steps < self.first_step + self.max_steps:
-            self._record(plan, self.num_steps >= self.first_step)
+        column = self._assign(plan)
+        first = self.first_step
+        if first is not None and not first <= self.num_steps < first + self.max_steps:
+            return
+        self._window.append((column, plan.num_slots_held))
+        self._window_held += plan.num_slots_held
+        if first is None and len(self._window) > self.max_steps:
+            self._window_held -= self._window.popleft()[1]
+        if first is None and len(self._window) == self.max_steps and (
+                self._best is None or self._window_held > self._best[0]):
+            self._best = (self._window_held, self.num_steps - self.max_steps + 1,
+                          [c for c, _ in self._window])
 
-    def _record(self, plan: BatchPlan, keep: bool) -> None:
+    def _assign(self, plan: BatchPlan) -> Column:
+        """Give new holders their rows (the lowest free), free the rows of requests that
+        stopped holding one; the step's shown rows."""
         tokens = {req: n for req, n in plan.scheduled}
         holders = list(plan.holders) if plan.holders is not None else list(tokens)
         holders += [r for r in tokens if r not in set(holders)]
         held = set(holders)
         for req in [r for r in self._slot_of if r not in held]:
             heapq.heappush(self._free, self._slot_of.pop(req))
-        column: dict[int, Cell] = {}
+        column: Column = {}
         for req in holders:
             row = self._slot_of.get(req)
             if row is None:
                 row = self._slot_of[req] = self._take_row()
-            if keep and row < self.max_slots:
-                column[row] = Cell(self._label(req), req.request_id, tokens.get(req, 0))
-        if keep:
-            self._columns.append(column)
+            if row < self.max_slots:
+                column[row] = (req.request_id, tokens.get(req, 0))
+        return column
 
     def _take_row(self) -> int:
         if self._free:
@@ -167,34 +214,38 @@ class SlotRecorder:
         self._next_row += 1
         return self._next_row - 1
 
-    def _label(self, req: Request) -> str:
-        label = self._labels.get(req)
-        if label is None:
-            label = self._labels[req] = label_for(len(self._labels))
-            self._legend.append((label, req.request_id))
-        return label
-
     def grid(self, title: str) -> SlotGrid:
-        slots = min(self.max_num_seqs, self.max_slots)
-        cells = tuple(tuple(col.get(row) for col in self._columns) for row in range(slots))
-        flat = [c for row in cells for c in row if c is not None]
-        shown = Counts(sum(c.num_tokens > 0 for c in flat), sum(c.num_tokens == 0 for c in flat),
-                       slots * len(self._columns))
+        """The recorded window (no steps when ``first_step`` is past the run's end)."""
+        if self._best is not None:
+            _, first, columns = self._best
+        else:
+            first, columns = self.first_step or 1, [c for c, _ in self._window]
         run = Counts(self.useful, self.held - self.useful, self.num_steps * self.max_num_seqs)
-        return SlotGrid(title, self.max_num_seqs, self.num_steps, self.first_step, cells,
-                        shown, run, tuple(self._legend))
+        return make_grid(title, self.max_num_seqs, self.num_steps, first, columns,
+                         min(self.max_num_seqs, self.max_slots), run)
 
 
 def diagram_for_config(cfg: RunConfig, *, max_steps: int = 64, max_slots: int = 16,
-                       first_step: int = 1) -> SlotGrid:
+                       first_step: int | None = None) -> SlotGrid:
     """Simulate ``cfg`` with a SlotRecorder attached and return its grid (titled with the
     policy). Raises what ``sim.app.runs.runner.prepare`` and the engine raise."""
-    from sim.app.runs.runner import prepare, simulate_prepared
+    from sim.app.runs.runner import prepare
 
-    prep = prepare(cfg)
+    return record_grid(prepare(cfg), max_steps=max_steps, max_slots=max_slots,
+                       first_step=first_step)
+
+
+def record_grid(prep: Prepared, *, max_steps: int = 64, max_slots: int = 16,
+                first_step: int | None = None,
+                progress: Callable[[int], None] | None = None) -> SlotGrid:
+    """Simulate the prepared run with a SlotRecorder attached (``progress(num_done)`` as
+    sim.app.runs.runner.simulate_prepared calls it) and return its grid, titled with the
+    policy. Raises what the engine raises."""
+    from sim.app.runs.runner import simulate_prepared
+
     rec = SlotRecorder(prep.scheduler.max_num_seqs, max_steps, max_slots, first_step)
-    simulate_prepared(prep, observer=rec)
-    return rec.grid(cfg.policy)
+    simulate_prepared(prep, observer=rec, progress=progress)
+    return rec.grid(prep.config.policy)
 
 
 # -- text rendering --------------------------------------------------------------------
@@ -205,13 +256,12 @@ def render_text(grid: SlotGrid, *, idle_letters: bool = False) -> list[str]:
 
     Useful cells show the request's letter; idle cells ``.`` (or the letter in lowercase
     with ``idle_letters``); empty cells a blank. Columns are one space apart, and ``|``
-    marks the first and last step.
+    marks the first and last step; no line but the header is wider than text_width.
     """
-    w = max((len(c.label) for row in grid.cells for c in row if c is not None), default=1)
-    n = grid.shown_steps
-    prefix = len(f"slot {grid.shown_slots}") + 1
+    w = _letter_width(grid)
+    prefix = _prefix_width(grid)
     lines = [f"{grid.title}: {grid.num_slots} slots x {grid.num_steps:,} steps"]
-    lines.append("step".ljust(prefix) + " " + _ruler(grid.first_step, n, w))
+    lines.append("step".ljust(prefix) + " " + _ruler(grid.first_step, grid.shown_steps, w))
     for i, row in enumerate(grid.cells):
         body = " ".join(_cell_text(c, w, idle_letters) for c in row)
         lines.append(f"slot {i + 1}".ljust(prefix) + f"|{body}|")
@@ -222,12 +272,37 @@ def render_text(grid: SlotGrid, *, idle_letters: bool = False) -> list[str]:
     return lines
 
 
+def text_width(grid: SlotGrid) -> int:
+    """Characters of a slot row of render_text: label, ``|``, steps, ``|``."""
+    return _prefix_width(grid) + 1 + grid.shown_steps * (_letter_width(grid) + 1)
+
+
+def fit_width(grid: SlotGrid, width: int) -> SlotGrid:
+    """The grid cut to the most steps (at least one) whose rows fit ``width`` characters
+    (a terminal's columns); cutting may drop long letters, so it is measured again."""
+    while True:
+        fits = (width - _prefix_width(grid) - 1) // (_letter_width(grid) + 1)
+        if grid.shown_steps <= max(fits, 1):
+            return grid
+        grid = grid.first_steps(max(fits, 1))
+
+
+def _letter_width(grid: SlotGrid) -> int:
+    return max((len(c.label) for row in grid.cells for c in row if c is not None), default=1)
+
+
+def _prefix_width(grid: SlotGrid) -> int:
+    return len(f"slot {grid.shown_slots}") + 1
+
+
 def _ruler(first: int, num_steps: int, width: int) -> str:
-    """Step numbers at the first step and every 5th step, placed over their columns."""
+    """Step numbers at the first step and every 5th step, placed over their columns and
+    never past the closing ``|`` of the rows."""
     out = ""
+    end = num_steps * (width + 1)
     for s in range(first, first + num_steps):
         col = (s - first) * (width + 1)
-        if (s == first or s % 5 == 0) and len(out) <= col:
+        if (s == first or s % 5 == 0) and len(out) <= col and col + len(str(s)) <= end:
             out = out.ljust(col) + str(s)
     return out
 
@@ -261,87 +336,3 @@ def side_by_side(blocks: list[list[str]], *, width: int, gap: int = 4) -> list[s
         parts = [(b[i] if i < len(b) else "").ljust(w) for b, w in zip(blocks, widths, strict=True)]
         rows.append((" " * gap).join(parts).rstrip())
     return rows
-
-
-# -- HTML rendering (plotly) -------------------------------------------------------------
-
-_PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b",
-            "#9d755d", "#ff9da6", "#bab0ac")
-
-
-def figure(grid: SlotGrid) -> Any:
-    """A plotly Figure of one grid: one horizontal bar per cell; useful cells in their
-    request's colour with its letter, idle cells hatched, empty cells outlined."""
-    import plotly.graph_objects as go
-
-    colour = {lab: _PALETTE[i % len(_PALETTE)] for i, (lab, _) in enumerate(grid.legend)}
-    groups: dict[str, dict[str, list[Any]]] = {
-        k: {"x": [], "y": [], "text": [], "hover": [], "colour": []}
-        for k in ("useful", "idle", "empty")
-    }
-    for slot, row in enumerate(grid.cells):
-        for step, cell in enumerate(row):
-            kind = "empty" if cell is None else "useful" if cell.num_tokens else "idle"
-            g = groups[kind]
-            g["x"].append(step)
-            g["y"].append(slot + 1)
-            g["text"].append("" if cell is None or kind == "idle" else cell.label)
-            who = "" if cell is None else f"{cell.label} = request {cell.request_id}, "
-            g["hover"].append(f"step {step + grid.first_step}, slot {slot + 1}: {who}"
-                              + (f"{cell.num_tokens} tokens" if cell else "empty"))
-            g["colour"].append("#ffffff" if cell is None else colour[cell.label])
-    fig = go.Figure()
-    styles = {
-        "useful": {"pattern": {"shape": ""}, "name": "useful (computing)"},
-        # Hatch lines in the holder's colour on white; an array colour in "overlay" mode
-        # makes plotly.js warn when it draws the legend swatch.
-        "idle": {"pattern": {"shape": "/", "fillmode": "replace", "bgcolor": "#ffffff",
-                             "fgcolor": groups["idle"]["colour"], "solidity": 0.4},
-                 "name": "held idle (hatched)"},
-        "empty": {"pattern": {"shape": ""}, "name": "empty"},
-    }
-    for kind, g in groups.items():
-        st = styles[kind]
-        fig.add_trace(go.Bar(
-            x=[1] * len(g["x"]), base=g["x"], y=g["y"], orientation="h", width=0.92,
-            name=f"{st['name']}: {getattr(grid.shown, kind)}/{grid.shown.total}",
-            text=g["text"], textposition="inside", insidetextanchor="middle",
-            hovertext=g["hover"], hoverinfo="text",
-            marker={"color": g["colour"], "pattern": st["pattern"],
-                    "line": {"color": "#999999", "width": 1}},
-        ))
-    title = f"{grid.title}: {grid.shown.fractions_text()}"
-    note = grid.cut_note()
-    if note:
-        title += f"<br><sup>{note}</sup>"
-    fig.update_layout(
-        title={"text": title}, barmode="overlay", plot_bgcolor="#ffffff",
-        height=170 + 28 * max(grid.shown_slots, 1), margin={"l": 60, "r": 20, "t": 70, "b": 80},
-        legend={"orientation": "h", "yanchor": "top", "x": 0,
-                "y": -60 / (28 * max(grid.shown_slots, 1))},
-        xaxis={"title": "step", "range": [0, max(grid.shown_steps, 1)], "dtick": 1,
-               "tickvals": [i + 0.5 for i in range(grid.shown_steps)],
-               "ticktext": [str(i + grid.first_step) for i in range(grid.shown_steps)]},
-        yaxis={"title": "slot", "range": [grid.shown_slots + 0.5, 0.5],
-               "tickvals": list(range(1, grid.shown_slots + 1))},
-        uniformtext={"minsize": 8, "mode": "hide"},
-    )
-    return fig
-
-
-def render_html(grids: list[SlotGrid], *, idle_letters: bool = False) -> str:
-    """A self-contained HTML page: one figure per grid (plotly.js inlined once) and the
-    text rendering of each under it."""
-    import html
-
-    from sim.app.reports.html_page import page
-
-    parts: list[Any] = [
-        "<p>One row per batch slot, one column per engine step. Coloured cell with a letter:"
-        " the request computed tokens in its slot (useful); hatched: the request holds the "
-        "slot without computing (idle); white: empty slot. Text rendering: "
-        f"{html.escape(legend_text(idle_letters))}</p>"]
-    for g in grids:
-        text = "\n".join(render_text(g, idle_letters=idle_letters))
-        parts += [figure(g), f"<pre>{html.escape(text)}</pre>"]
-    return page("servesim slot diagram", parts)

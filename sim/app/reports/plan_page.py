@@ -1,9 +1,10 @@
 """The capacity report of ``servesim plan``: capacity.md and capacity.html (the answer
 first, then the evidence), and plan.json (every probe, for a re-analysis).
 
-The evidence: the configs compared, the cluster checks, SLO attainment and p99 latency
-against the load (every probe of every search), the sensitivity of the chosen config to
-burstiness, open- against closed-loop latency at equal throughput, and the method.
+The evidence: the configs compared, the cluster checks, the answer under the other
+arrival timing for a trace (sim/app/reports/trace_timing.py), SLO attainment and p99
+latency against the load (every probe of every search), the sensitivity of the chosen
+config to burstiness, open- against closed-loop latency at equal throughput, and the method.
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ from typing import Any
 
 import pandas as pd
 
+from sim.app.reports import trace_timing
 from sim.app.runs.out_dir import write_files
-from sim.app.runs.plan import BURSTINESS_LEVELS, ConfigResult, PlanResult, gpus_estimate
+from sim.app.runs.plan import (
+    BURSTINESS_LEVELS,
+    MAX_DOWN,
+    ConfigResult,
+    PlanResult,
+    gpus_estimate,
+)
 from sim.app.runs.run_config import config_record
 from sim.app.runs.runner import MAX_REPLICAS
 from sim.saturation import RULE
@@ -43,8 +51,11 @@ def _s(x: float | None) -> str:
 def _workload(res: PlanResult) -> str:
     b = res.spec.base
     what = (f"trace {Path(b.trace).name}" if b.trace else f"scenario {b.scenario or 'default'}")
+    if res.spec.arrival == "trace":
+        return f"{what}: {trace_timing.replay_text(res.spec)}"
     n = b.num_requests or 2000
-    pick = "drawn at random from the whole trace, per seed" if b.trace_sample else "the first"
+    pick = ("drawn at random from the whole trace, per seed" if b.trace_sample is not False
+            else "the first")
     timing = ("re-timed by Poisson arrivals" if b.burstiness is None
               else f"re-timed by gamma arrivals (burstiness {b.burstiness:g})")
     if res.spec.load_axis == "concurrency":
@@ -53,7 +64,12 @@ def _workload(res: PlanResult) -> str:
 
 
 def answer_lines(res: PlanResult) -> list[str]:
-    """The answer, one markdown bullet per line (also printed by the CLI)."""
+    """The answer, one markdown bullet per line (also printed by the CLI); for a trace,
+    last, the answer under the timing the plan did not use."""
+    return _answer(res) + trace_timing.lines(res)
+
+
+def _answer(res: PlanResult) -> list[str]:
     spec, best, unit = res.spec, res.best, _unit(res)
     b = spec.base
     lines = [f"**Model / GPU**: {b.model} on {b.gpu} ({b.dtype})",
@@ -65,8 +81,9 @@ def answer_lines(res: PlanResult) -> list[str]:
         return [*lines, "**No config sustains any load within the SLOs**"
                 + (f" ({errs})" if errs else "")]
     med, lo, hi = best.interval(spec.load_axis)
-    per = (f"**One replica sustains {med:,.3g} {unit}** (median over {len(best.searches)} "
-           f"seeds; interval {lo:,.3g}-{hi:,.3g} = min-max over seeds, each found to within "
+    spread = (f"median over {len(best.searches)} seeds; interval {lo:,.3g}-{hi:,.3g} = "
+              "min-max over seeds, each " if len(best.searches) > 1 else "")
+    per = (f"**One replica sustains {med:,.3g} {unit}** ({spread}found to within "
            f"{spec.tolerance:.0%})")
     if spec.load_axis == "concurrency":
         tm = best.throughput_interval()[0]
@@ -90,11 +107,12 @@ def answer_lines(res: PlanResult) -> list[str]:
     chk = next(c for c in res.checks[best.index] if c.replicas == r)
     worst_ttft = max((p.p_ttft_s or 0.0) for p in chk.probes)
     worst_tpot = max((p.p_tpot_s or 0.0) for p in chk.probes)
+    seeds = f"all {len(chk.probes)} seeds" if len(chk.probes) > 1 else "its one seed"
     lines.append(
         f"**Target {spec.target:,.4g} {unit}: {r} replica{'s' if r > 1 else ''} x TP "
         f"{best.tp} = {r * best.tp} GPU{'s' if r * best.tp > 1 else ''}**, confirmed: the "
         f"{r}-replica cluster behind the {spec.router} router at {spec.target:,.4g} {unit} "
-        f"meets the SLOs on all {len(chk.probes)} seeds (worst p{spec.slo.percentile:g} "
+        f"meets the SLOs on {seeds} (worst p{spec.slo.percentile:g} "
         f"TTFT {_s(worst_ttft)}, TPOT {_ms(worst_tpot)}; estimate from the median was "
         f"{est})")
     others = [c for c in res.configs if c is not best and not c.error
@@ -185,10 +203,11 @@ def loops_frame(res: PlanResult) -> pd.DataFrame:
 
 def method_lines(res: PlanResult) -> list[str]:
     spec = res.spec
-    n = spec.base.num_requests or 2000
+    n, timed = spec.base.num_requests or 2000, spec.arrival == "trace"
     return [
-        f"Each probe simulates {n:,} requests ({_workload(res)}); more requests per probe "
-        "narrow the interval and cost time linearly (`--num-requests`).",
+        f"Each probe simulates {_workload(res)}; a shorter `--window` costs less." if timed
+        else f"Each probe simulates {n:,} requests ({_workload(res)}); more requests per "
+        "probe narrow the interval and cost time linearly (`--num-requests`).",
         f"A probe meets the SLO when at least {spec.slo.percentile:g}% of all requests meet "
         "each objective (rejected requests miss) and the run is not saturated: "
         f"{RULE}.",
@@ -196,13 +215,20 @@ def method_lines(res: PlanResult) -> list[str]:
         "until feasible and infeasible loads bracket the boundary, then bisect until the "
         f"bracket is within {spec.tolerance:.0%} of its lower end (at most {spec.max_probes} "
         "probes). The seed's value is the highest feasible load found. The report gives "
-        "the median over seeds with the min-max interval; seeds change the arrival draws "
-        + ("and the requests drawn from the trace." if spec.base.trace_sample else "."),
+        "the median over seeds with the min-max interval; "
+        + ("the trace's own timing draws nothing at random, so its probes run on the first "
+           "seed only." if timed else "seeds change the arrival draws "
+           + ("and the requests drawn from the trace." if spec.base.trace
+              and spec.base.trace_sample is not False else ".")),
         "Cluster check: replicas start at ceil(target / median), one more while the cluster "
-        "fails on any seed, one fewer while it still passes (not below ceil(target / max)); "
-        f"the router is {spec.router}; each check simulates "
-        f"{spec.check_requests if spec.check_requests else 'num_requests x replicas'}"
-        " requests (with a trace, at most the whole trace).",
+        "fails on any seed, one fewer while it still passes ("
+        + (f"up to {MAX_DOWN} fewer" if timed else "not below ceil(target / max)")
+        + f"); the router is {spec.router}; "
+        + ("each check replays the probes' requests at the target." if timed else
+           "each check simulates "
+           f"{spec.check_requests if spec.check_requests else 'num_requests x replicas'}"
+           " requests (with a trace, at most the whole trace)."),
+        *trace_timing.method(res),
         "Burstiness: the chosen config at the per-replica operating load "
         f"({res.operating_load:.4g} {_unit(res)}) under gamma arrivals of shape k in "
         f"{list(BURSTINESS_LEVELS)} (CV of the gaps 1/sqrt(k); k = 1 is Poisson).",
@@ -227,6 +253,9 @@ def markdown(res: PlanResult) -> str:
               "## Configs compared", "", _md_table(configs_frame(res))]
     if res.checks:
         parts += ["", "## Cluster checks", "", _md_table(checks_frame(res))]
+    if res.other is not None:
+        parts += ["", f"## {trace_timing.title(res)}", "", trace_timing.text(res), "",
+                  _md_table(trace_timing.frame(res))]
     if res.burstiness:
         parts += ["", f"## Sensitivity to burstiness (chosen config at "
                   f"{res.operating_load:.4g} {_unit(res)} per replica)", "",
@@ -271,13 +300,16 @@ def html_page(res: PlanResult) -> str:
                  fig_html(load_figure(res, probes))]
     if res.checks:
         body += ["<h2>Cluster checks</h2>", table_html(checks_frame(res))]
+    if res.other is not None:
+        body += [f"<h2>{html.escape(trace_timing.title(res))}</h2>",
+                 f"<p>{_md_inline(trace_timing.text(res))}</p>",
+                 table_html(trace_timing.frame(res))]
     if res.burstiness:
         body += [f"<h2>Sensitivity to burstiness (chosen config at "
                  f"{res.operating_load:.4g} {_unit(res)} per replica)</h2>",
                  table_html(burstiness_frame(res))]
     if res.loops:
-        body += ["<h2>Open vs closed loop at equal throughput</h2>",
-                 table_html(loops_frame(res))]
+        body += ["<h2>Open vs closed loop at equal throughput</h2>", table_html(loops_frame(res))]
     body += ["<h2>Method</h2><ul>"
              + "".join(f"<li>{_md_inline(m)}</li>" for m in method_lines(res)) + "</ul>",
              "<h2>All probes</h2>", table_html(probes)]
@@ -342,17 +374,16 @@ def to_json(res: PlanResult) -> dict[str, Any]:
     spec = res.spec
     return conv({
         "base": config_record(spec.base), "slo": spec.slo, "load_axis": spec.load_axis,
+        "arrival": spec.arrival, "trace_timing": spec.trace,
         "target": spec.target, "router": spec.router, "seeds": list(spec.grid.seeds),
-        "tolerance": spec.tolerance,
-        "answer": answer_lines(res),
+        "tolerance": spec.tolerance, "answer": answer_lines(res),
         "best_config": res.best.index if res.best else None, "replicas": res.replicas,
         "configs": [{"index": c.index, "knobs": c.knobs, "error": c.error,
                      "interval": c.interval(spec.load_axis), "searches": c.searches}
                     for c in res.configs],
-        "cluster_checks": {str(i): [{"replicas": k.replicas, "passes": k.passes,
-                                     "probes": k.probes} for k in ks]
+        "cluster_checks": {str(i): trace_timing.checks_record(ks)
                            for i, ks in res.checks.items()},
-        "operating_load": res.operating_load,
+        "operating_load": res.operating_load, "other_timing": trace_timing.record(res.other),
         "burstiness": [{"k": k, "probes": ps} for k, ps in res.burstiness],
         "open_vs_closed": res.loops, "elapsed_s": res.elapsed_s,
     })

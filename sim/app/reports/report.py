@@ -10,10 +10,15 @@ Size control, so a 19,366-request replay stays a few MB on top of plotly.js (~4.
   evenly spaced ranks, first and last included, each at its exact cumulative fraction.
 - The step timeline keeps at most ``TIMELINE_POINTS`` points per series: when a run has
   more steps, the time from the first step's start to the last step's end is cut into
-  that many equal buckets and each bucket becomes one point at its midpoint: batch size,
-  KV cache usage and waiting queue length are means weighted by step duration (the level
-  seen over the busy time of the bucket), prefill and decode tokens are means per step,
-  preemptions are the bucket's total. Buckets without a step are gaps in the line.
+  that many equal buckets and each bucket becomes one point at its midpoint: batch size
+  and KV cache usage are means weighted by step duration (the level seen over the busy
+  time of the bucket), prefill and decode tokens are means per step, the waiting queue is
+  the bucket's peak (a whole number of requests: a mean would draw a queue that held one
+  request for a tenth of the bucket as 0.1 requests), preemptions are the bucket's total.
+  Buckets without a step are gaps in the line.
+
+Figures show each quantity in one unit, the one the tables use: TTFT and TPOT in ms (as
+vLLM's benchmarks), E2E latency and queueing time in s; latency CDFs are on log axes.
 - Throughput is tokens (or requests) per second over ``THROUGHPUT_BUCKETS`` equal buckets.
 """
 
@@ -92,11 +97,19 @@ def timeline(steps: pd.DataFrame, num_usable_blocks: int,
             "num_prefill_tokens": per_step(cols["num_prefill_tokens"]),
             "num_decode_tokens": per_step(cols["num_decode_tokens"]),
             "kv_usage": weighted(cols["kv_usage"]),
-            "num_waiting": weighted(cols["num_waiting"]),
+            "num_waiting": _bucket_peak(idx, cols["num_waiting"], max_points),
             "num_preempted": np.where(n > 0, np.bincount(
                 idx, weights=cols["num_preempted"], minlength=max_points), np.nan),
         }
     return pd.DataFrame(out)
+
+
+def _bucket_peak(idx: np.ndarray, x: np.ndarray, num_buckets: int) -> np.ndarray:
+    """The largest of ``x`` in each bucket (``idx``: each value's bucket); NaN where a
+    bucket holds no value."""
+    peak = np.full(num_buckets, np.nan)
+    np.fmax.at(peak, idx, x)
+    return peak
 
 
 def throughput(steps: pd.DataFrame, requests: pd.DataFrame,
@@ -131,28 +144,43 @@ def throughput(steps: pd.DataFrame, requests: pd.DataFrame,
 
 # -- figures ------------------------------------------------------------------------------
 
-CDF_METRICS = (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_latency_s", "E2E latency (s)"),
-               ("queued_time_s", "queueing time (s)"))
+CDF_METRICS = (("ttft_s", "TTFT", "ms", 1e3), ("tpot_s", "TPOT", "ms", 1e3),
+               ("e2e_latency_s", "E2E latency", "s", 1.0),
+               ("queued_time_s", "queueing time", "s", 1.0))
+"""(requests.csv column, name, unit, scale) of each CDF: TTFT and TPOT in ms as in the
+tables (and vLLM's benchmarks), E2E latency and queueing time in s."""
 
 
 def cdf_figure(runs: list[RunData]) -> Any:
-    """2 x 2 CDFs of TTFT, TPOT, E2E latency and queueing time, runs overlaid."""
+    """2 x 2 CDFs of TTFT, TPOT, E2E latency and queueing time, runs overlaid, on log
+    x axes: one saturated run, orders of magnitude slower, leaves the others readable.
+    A zero value (a request that never queued) has no place on a log axis: the subplot
+    title says how many each run left out, and its curve starts at the fraction at or
+    below its smallest drawn value."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in CDF_METRICS],
-                        vertical_spacing=0.14, horizontal_spacing=0.08)
+    zeros = {col: sum(int((r.requests[col] == 0).sum()) for r in runs)
+             for col, *_ in CDF_METRICS}
+    titles = [f"{name} ({unit}, log axis" + (f"; {zeros[col]:,} requests at 0 {unit} not "
+                                             "drawn)" if zeros[col] else ")")
+              for col, name, unit, _ in CDF_METRICS]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles,
+                        vertical_spacing=0.2, horizontal_spacing=0.08)
     for i, run in enumerate(runs):
         colour = COLOURS[i % len(COLOURS)]
-        for j, (col, label) in enumerate(CDF_METRICS):
+        for j, (col, name, unit, scale) in enumerate(CDF_METRICS):
             x, y = cdf_points(run.requests[col].to_numpy())
             fig.add_trace(go.Scatter(
-                x=x, y=y, mode="lines", line={"color": colour, "shape": "hv"}, name=run.name,
-                legendgroup=run.name, showlegend=j == 0,
-                hovertemplate=f"{label} %{{x:.4g}}<br>fraction %{{y:.3f}}<extra>{run.name}</extra>",
+                x=x * scale, y=y, mode="lines", line={"color": colour, "shape": "hv"},
+                name=run.name, legendgroup=run.name, showlegend=j == 0,
+                hovertemplate=f"{name} %{{x:.4g}} {unit}<br>fraction %{{y:.3f}}"
+                              f"<extra>{run.name}</extra>",
             ), row=j // 2 + 1, col=j % 2 + 1)
+            fig.update_xaxes(type="log", title_text=f"{name} ({unit})",
+                             row=j // 2 + 1, col=j % 2 + 1)
     fig.update_yaxes(range=[0, 1.01], title_text="fraction of requests", col=1)
-    fig.update_layout(title="Latency distributions (empirical CDFs)", height=650,
+    fig.update_layout(title="Latency distributions (empirical CDFs)", height=700,
                       margin={"t": 80})
     return fig
 
@@ -161,20 +189,24 @@ TIMELINE_ROWS = (
     ("batch size (seqs)", ("num_seqs",)),
     ("tokens per step (prefill solid, decode dotted)",
      ("num_prefill_tokens", "num_decode_tokens")),
-    ("KV cache usage", ("kv_usage",)),
+    ("KV cache usage (% of blocks)", ("kv_usage",)),
     ("waiting queue (requests)", ("num_waiting",)),
-    ("preemptions", ("num_preempted",)),
+    ("preemptions (requests)", ("num_preempted",)),
 )
+COUNT_ROWS = (1, 4, 5)
+"""The timeline's rows of counts (1-based): integer ticks, drawn as steps, from 0."""
 
 
 def timeline_figure(runs: list[RunData]) -> Any:
-    """The step timeline, one row per quantity, runs overlaid (bucketed when long)."""
+    """The step timeline, one row per quantity, runs overlaid (bucketed when long); each
+    value holds until the next step (or bucket) starts, and every axis starts at 0."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=len(TIMELINE_ROWS), cols=1, shared_xaxes=True,
                         subplot_titles=[t for t, _ in TIMELINE_ROWS], vertical_spacing=0.05)
     bucketed = False
+    peaks = [0.0] * len(TIMELINE_ROWS)
     for i, run in enumerate(runs):
         colour = COLOURS[i % len(COLOURS)]
         usable = int(run.summary["kv_cache"]["num_gpu_blocks"]) - 1
@@ -184,21 +216,33 @@ def timeline_figure(runs: list[RunData]) -> Any:
             first = True
             for r, (_, cols) in enumerate(TIMELINE_ROWS):
                 for c in cols:
+                    peaks[r] = max(peaks[r], float(np.nan_to_num(tl[c].max())))
                     fig.add_trace(go.Scatter(
                         x=tl["time"].to_numpy(), y=tl[c].to_numpy(), mode="lines", name=name,
                         legendgroup=name, showlegend=first,
-                        line={"color": colour, "width": 1,
+                        line={"color": colour, "width": 1, "shape": "hv",
                               "dash": "dot" if c == "num_decode_tokens" else "solid"},
                         hovertemplate=f"{c} %{{y:.4g}} at %{{x:.3f}} s<extra>{name}</extra>",
                     ), row=r + 1, col=1)
                     first = False
-    fig.update_yaxes(tickformat=".0%", row=3, col=1)
-    fig.update_xaxes(title_text="simulated time (s)", row=len(TIMELINE_ROWS), col=1)
+    _timeline_axes(fig, peaks)
     note = (f"each point: one of {TIMELINE_POINTS:,} equal time buckets (duration-weighted "
-            "means; preemptions summed)" if bucketed else "one point per engine step")
+            "means; waiting queue: the bucket's peak; preemptions summed)" if bucketed
+            else "one point per engine step")
     fig.update_layout(title=f"Step timeline<br><sup>{note}</sup>", height=1100,
                       margin={"t": 90})
     return fig
+
+
+def _timeline_axes(fig: Any, peaks: list[float]) -> None:
+    """Every y axis from 0 (up to its row's peak, ``peaks``); counts in whole numbers."""
+    for r, peak in enumerate(peaks, start=1):
+        top = max(peak, 1.0 if r in COUNT_ROWS else 0.0) * 1.05 or 1.0
+        fig.update_yaxes(range=[0, top], row=r, col=1)
+        if r in COUNT_ROWS:
+            fig.update_yaxes(tickformat=",d", dtick=1 if peak <= 5 else None, row=r, col=1)
+    fig.update_yaxes(tickformat=".0%", row=3, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=len(TIMELINE_ROWS), col=1)
 
 
 def _per_replica(run: RunData) -> list[tuple[str, pd.DataFrame]]:
@@ -230,6 +274,9 @@ def throughput_figure(runs: list[RunData]) -> Any:
                 showlegend=show, line={"color": colour, "dash": dash, "width": 1.5},
                 hovertemplate=f"{col} %{{y:,.1f}} at %{{x:.2f}} s<extra>{run.name}</extra>",
             ), row=row, col=1)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title_text="tokens/s", row=1, col=1)
+    fig.update_yaxes(title_text="requests/s", row=2, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
     fig.update_layout(title=f"Throughput over time ({THROUGHPUT_BUCKETS} equal time buckets)",
                       height=600, margin={"t": 80})
@@ -245,7 +292,8 @@ def report_parts(runs: list[RunData]) -> list[str | Any]:
     tables.append("<div>" + "".join(f"<h2>Latency: {html.escape(r.name)}</h2>"
                                     + latency_table(r) for r in runs) + "</div>")
     tables.append("<div><h2>Configuration</h2>" + config_table(runs)
-                  + "<p class=\"note\">settings left unset in every run are not listed; "
+                  + "<p class=\"note\">settings left unset in every run are not listed, "
+                  "nor the memory plan and model spec (each run's config.json holds them); "
                   "changed settings are highlighted</p></div>")
     parts: list[str | Any] = [f"<p>runs: {names}</p>", '<div class="row">', *tables, "</div>"]
     figs = report_figures(runs)

@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 
 #: (label, summary path, scale, format, better) for the headline and comparison tables.
+#: Usage fractions (KV cache, batch slots) have no direction: they say how capacity was
+#: used, not how well requests were served (slower steps, for one, raise them).
 HEADLINE = (
     ("requests finished", "num_finished", 1, ",d", "higher"),
     ("requests rejected", "num_rejected", 1, ",d", "lower"),
@@ -44,8 +46,8 @@ HEADLINE = (
     ("KV cache peak usage", "kv_cache.peak_usage", 1, ".1%", ""),
     ("KV cache mean usage", "kv_cache.mean_usage", 1, ".1%", ""),
     ("mean batch (seqs)", "batch.mean_num_seqs", 1, ",.1f", ""),
-    ("slots useful", "slots.useful_fraction", 1, ".1%", "higher"),
-    ("slots held idle", "slots.idle_fraction", 1, ".1%", "lower"),
+    ("slots useful", "slots.useful_fraction", 1, ".1%", ""),
+    ("slots held idle", "slots.idle_fraction", 1, ".1%", ""),
     ("slots empty", "slots.empty_fraction", 1, ".1%", ""),
 )
 

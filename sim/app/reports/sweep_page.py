@@ -12,10 +12,12 @@ import dataclasses
 import html
 import itertools
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sim.app.runs.out_dir import GENERATOR_META, write_files
@@ -75,13 +77,15 @@ def _label(keys: Sequence[str], values: Sequence[Any]) -> str:
 
 def latency_curves(agg: pd.DataFrame, load_axis: str | None, groups: list[str],
                    slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> Any:
-    """Throughput-latency curves: p99 TTFT and p99 TPOT (ms) against throughput (req/s),
-    one line per combination of ``groups`` along the load axis; saturated points as x."""
+    """Throughput-latency curves: p99 TTFT and p99 TPOT (ms, log axes so a saturated
+    point does not flatten the others) against throughput (req/s), one line per
+    combination of ``groups`` along the load axis; saturated points as x."""
     import plotly.graph_objects as go
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("p99 TTFT (ms)", "p99 TPOT (ms)"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("p99 TTFT (ms, log axis)",
+                                                        "p99 TPOT (ms, log axis)"))
     grouped = agg.groupby(groups, sort=False) if groups else [((), agg)]
     palette = qualitative.Plotly
     for i, (key, sub) in enumerate(grouped):
@@ -104,17 +108,82 @@ def latency_curves(agg: pd.DataFrame, load_axis: str | None, groups: list[str],
         if slo is not None:
             fig.add_hline(y=slo * 1e3, line_dash="dash", line_color="red", row=1, col=col)
     fig.update_xaxes(title_text="throughput (req/s)")
+    fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text="p99 TTFT (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="p99 TPOT (ms)", row=1, col=2)
     fig.update_layout(height=450, margin={"t": 40})
     return fig
 
 
+COLOUR_DIGITS = 3
+"""Significant figures a heatmap cell shows, and the precision its colour follows: values
+equal to this many figures get one colour."""
+MIN_COLOUR_SPREAD = 0.1
+"""The least spread a heatmap's colour range covers, as a fraction of its largest value
+(on a log scale, the ratio 1 / (1 - this)): a narrower spread of values sits in the middle
+of the colour map instead of at its two ends."""
+
+
+def sig_text(value: float) -> str:
+    """``value`` to COLOUR_DIGITS significant figures, in plain digits (52,900, 8.92,
+    0.0123: no exponent); '-' for NaN."""
+    if value != value:
+        return "-"
+    if value == 0:
+        return "0"
+    rounded = float(f"{value:.{COLOUR_DIGITS}g}")
+    decimals = max(0, COLOUR_DIGITS - 1 - math.floor(math.log10(abs(rounded))))
+    return f"{rounded:,.{decimals}f}"
+
+
+def colour_values(values: np.ndarray, log: bool) -> np.ndarray:
+    """What a heatmap colours by: each value rounded to COLOUR_DIGITS significant
+    figures, its log10 on a log scale; NaN stays NaN (an empty cell)."""
+    rounded = np.array([v if v != v else float(f"{v:.{COLOUR_DIGITS}g}")
+                        for v in np.asarray(values, dtype=np.float64).ravel()])
+    rounded = rounded.reshape(np.shape(values))
+    if not log:
+        return rounded
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log10(rounded)
+
+
+def colour_range(values: np.ndarray, log: bool) -> tuple[float, float]:
+    """(zmin, zmax) of one metric's colour scale, shared by every heatmap of it: the
+    range of its colour_values, widened about its middle to MIN_COLOUR_SPREAD."""
+    c = colour_values(values, log)
+    c = c[np.isfinite(c)]
+    if c.size == 0:
+        return 0.0, 1.0
+    lo, hi = float(c.min()), float(c.max())
+    if log:
+        least = -float(np.log10(1 - MIN_COLOUR_SPREAD))
+    else:
+        least = MIN_COLOUR_SPREAD * max(abs(lo), abs(hi)) or 1.0
+    mid, half = (lo + hi) / 2, max(hi - lo, least) / 2
+    return mid - half, mid + half
+
+
+def _log_colour(agg: pd.DataFrame, col: str, log: bool) -> bool:
+    """A log colour scale where asked and every value is positive."""
+    return log and bool((agg[col].dropna() > 0).all())
+
+
 def heatmaps(agg: pd.DataFrame, x: str, y: str, facets: list[str],
-             metrics: Sequence[tuple[str, str, float]]) -> list[tuple[str, Any]]:
+             metrics: Sequence[tuple[str, str, float]],
+             log_colour: Collection[str] = ()) -> list[tuple[str, Any]]:
     """(caption, figure) per facet value combination: one heatmap per metric (column,
-    label, scale) over axes ``x`` and ``y``; saturated cells say SAT."""
-    import plotly.graph_objects as go
+    label, scale) over axes ``x`` and ``y``; saturated cells say SAT. Each metric's
+    colour scale is shared by all its heatmaps (colour_range over ``agg``); the columns
+    in ``log_colour`` are coloured on a log scale (latencies, where a saturated cell is
+    orders of magnitude above the rest)."""
     from plotly.subplots import make_subplots
 
+    logs = {col: _log_colour(agg, col, col in log_colour) for col, _, _ in metrics}
+    ranges = {col: colour_range(agg[col].to_numpy() * scale, logs[col])
+              for col, _, scale in metrics}
+    titles = [label.replace(")", ", log colour)") if logs[col] else label
+              for col, label, _ in metrics]
     out: list[tuple[str, Any]] = []
     values = [sorted(agg[f].unique()) for f in facets]
     for combo in itertools.islice(itertools.product(*values), MAX_FACETS):
@@ -123,25 +192,37 @@ def heatmaps(agg: pd.DataFrame, x: str, y: str, facets: list[str],
             sub = sub[sub[f] == v]
         if sub.empty:
             continue
-        fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[m[1] for m in metrics],
+        fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles,
                             horizontal_spacing=0.08)
         for i, (col, label, scale) in enumerate(metrics, start=1):
-            z = sub.pivot_table(index=y, columns=x, values=col, aggfunc="mean") * scale
-            sat = sub.pivot_table(index=y, columns=x, values="saturated", aggfunc="max")
-            text = [[("-" if v != v else f"{v:.3g}") + (" SAT" if s else "")
-                     for v, s in zip(zr, sr, strict=True)]
-                    for zr, sr in zip(z.to_numpy(), sat.reindex_like(z).fillna(False).to_numpy(),
-                                      strict=True)]
-            fig.add_trace(go.Heatmap(
-                z=z.to_numpy(), x=[str(c) for c in z.columns], y=[str(r) for r in z.index],
-                text=text, texttemplate="%{text}", colorscale="Viridis", showscale=False,
-                hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{label}=%{{z:.4g}}<extra></extra>"),
-                row=1, col=i)
+            fig.add_trace(_heatmap_trace(sub, x, y, (col, label, scale), ranges[col],
+                                         logs[col]), row=1, col=i)
             fig.update_xaxes(title_text=x, type="category", row=1, col=i)
             fig.update_yaxes(title_text=y, type="category", row=1, col=i)
         fig.update_layout(height=380, margin={"t": 40})
         out.append((_label(facets, combo), fig))
     return out
+
+
+def _heatmap_trace(sub: pd.DataFrame, x: str, y: str, metric: tuple[str, str, float],
+                   zrange: tuple[float, float], log: bool) -> Any:
+    """One metric's heatmap over ``x`` and ``y``: coloured by colour_values within
+    ``zrange``, the value (COLOUR_DIGITS figures) written in each cell, exact on hover."""
+    import plotly.graph_objects as go
+
+    col, label, scale = metric
+    z = sub.pivot_table(index=y, columns=x, values=col, aggfunc="mean") * scale
+    sat = sub.pivot_table(index=y, columns=x, values="saturated", aggfunc="max")
+    text = [[sig_text(v) + (" SAT" if s else "")
+             for v, s in zip(zr, sr, strict=True)]
+            for zr, sr in zip(z.to_numpy(), sat.reindex_like(z).fillna(False).to_numpy(),
+                              strict=True)]
+    return go.Heatmap(
+        z=colour_values(z.to_numpy(), log), zmin=zrange[0], zmax=zrange[1],
+        customdata=z.to_numpy(), x=[str(c) for c in z.columns], y=[str(r) for r in z.index],
+        text=text, texttemplate="%{text}", colorscale="Viridis", showscale=False,
+        hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{label}=%{{customdata:.4g}}"
+                      "<extra></extra>")
 
 
 def sweep_page(df: pd.DataFrame, grid: Any, base: Any, elapsed_s: float | None) -> str:
@@ -171,10 +252,27 @@ def sweep_page(df: pd.DataFrame, grid: Any, base: Any, elapsed_s: float | None) 
     body.append(fig_html(latency_curves(agg, load, others, base.slo_ttft, base.slo_tpot)))
     body.extend(_heatmap_sections(agg, load, varied, base))
     body.append("<h2>All cells (mean over seeds)</h2>")
-    cols = ["cell", *axes, "seeds", "throughput_rps", "ttft_p50_s", "ttft_p99_s",
-            "tpot_p99_s", "e2e_p99_s", "goodput_rps", "kv_peak_usage", "saturated"]
-    body.append(table_html(agg[[c for c in cols if c in agg.columns]]))
+    body.append(table_html(cells_table(agg, axes)))
     return page("servesim sweep", body)
+
+
+TABLE_COLUMNS = (("throughput_rps", "throughput (req/s)", 1.0),
+                 ("ttft_p50_s", "TTFT p50 (ms)", 1e3), ("ttft_p99_s", "TTFT p99 (ms)", 1e3),
+                 ("tpot_p99_s", "TPOT p99 (ms)", 1e3), ("e2e_p99_s", "E2E p99 (s)", 1.0),
+                 ("goodput_rps", "goodput (req/s)", 1.0),
+                 ("kv_peak_usage", "KV cache peak usage (%)", 100.0))
+"""The sweep page's table: (sweep.csv column, header with its unit, scale); TTFT and TPOT
+in ms as in the figures (and vLLM's benchmarks), E2E latency in s."""
+
+
+def cells_table(agg: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """The sweep page's table of cells: the axes, then TABLE_COLUMNS in their units."""
+    out = agg[["cell", *axes, "seeds"]].copy()
+    for col, header, scale in TABLE_COLUMNS:
+        if col in agg.columns:
+            out[header] = agg[col] * scale
+    out["saturated"] = agg["saturated"]
+    return out
 
 
 def _heatmap_sections(agg: pd.DataFrame, load: str | None, varied: list[str],
@@ -193,7 +291,8 @@ def _heatmap_sections(agg: pd.DataFrame, load: str | None, varied: list[str],
     if base.slo_ttft is not None or base.slo_tpot is not None:
         metrics.append(("goodput_rps", "goodput (req/s)", 1.0))
     out = ["<h2>Heatmaps</h2>"]
-    for caption, fig in heatmaps(agg, x, y, facets, metrics):
+    for caption, fig in heatmaps(agg, x, y, facets, metrics,
+                                 log_colour=("ttft_p99_s", "tpot_p99_s")):
         out.append(f"<h3>{html.escape(caption)}</h3>" + fig_html(fig))
     return out
 

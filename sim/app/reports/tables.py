@@ -12,9 +12,12 @@ from sim.app.reports.run_dir import HEADLINE, RunData
 
 
 def _flat_config(cfg: dict[str, Any]) -> dict[str, str]:
+    """config.json as setting -> text; the resolved values under ``resolved.``, less
+    those that are objects (the memory plan, the model's spec: dozens of fields that
+    config.json keeps and the model's name already stands for)."""
     out = {k: "-" if v is None else str(v) for k, v in cfg.items() if k != "resolved"}
     for k, v in (cfg.get("resolved") or {}).items():
-        if k != "kv_plan":
+        if not isinstance(v, dict):
             out[f"resolved.{k}"] = "-" if v is None else str(v)
     return out
 

@@ -18,6 +18,7 @@ any runs.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 from collections.abc import Callable
@@ -25,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 
 from policies.registry import POLICIES, get_policy_class
@@ -210,13 +214,21 @@ def stale_entries(out: Path, cells: list[Cell]) -> list[Path]:
     return stale
 
 
-def _pair(st: dict[str, float | None], scale: float, digits: int) -> str:
-    """p50/p99 of ``st`` times ``scale``, with ``digits`` decimals, none from 1,000 on
-    (so a saturated run's latencies in the thousands fit the column)."""
-    vals = [None if st[k] is None else st[k] * scale for k in ("p50", "p99")]  # type: ignore[operator]
-    if any(v is not None and abs(v) >= 1000 for v in vals):
-        digits = 0
-    return "/".join("-" if v is None else f"{v:,.{digits}f}" for v in vals)
+def sig3(value: float) -> str:
+    """``value`` with three significant figures (0.0123, 1.23, 12.3, 123), whole and with
+    thousands separated from 1,000 on (1,275), so a saturated run's latencies fit."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    if abs(value) >= 999.5:
+        return f"{value:,.0f}"
+    rounded = float(f"{value:.3g}")  # 9.996 -> 10.0: the digits count from the rounded value
+    return f"{rounded:.{max(0, 2 - math.floor(math.log10(abs(rounded))))}f}"
+
+
+def _pair(st: dict[str, float | None], scale: float, sep: str = "/") -> str:
+    """p50 and p99 of ``st`` times ``scale`` (sig3; "-" for none), joined by ``sep``."""
+    return sep.join("-" if st[k] is None else sig3(st[k] * scale)  # type: ignore[operator]
+                    for k in ("p50", "p99"))
 
 
 def _hit_rate(summary: dict[str, Any]) -> str:
@@ -224,30 +236,74 @@ def _hit_rate(summary: dict[str, Any]) -> str:
     return "-" if hit is None else f"{hit:.1%}"
 
 
-def compare_table(results: list[tuple[Cell, dict[str, Any]]], title: str = "compare") -> Table:
-    """One row per cell: throughput, TTFT / TPOT / E2E p50 and p99, slot fractions,
-    preemptions (of which swaps) and rejections; narrow enough for 120 columns. A
-    caption names the saturated cells (no column is widened for it)."""
-    t = Table(title=title, header_style="bold")
+@dataclass(frozen=True)
+class Layout:
+    """How the compare table is fitted to a width: cell names broken after each ':',
+    p50/p99 pairs over two lines (p50/ above p99), and a compact frame (no column
+    rules, no padding: one space between columns)."""
+
+    break_names: bool
+    break_pairs: bool
+    compact: bool
+
+
+#: From widest to narrowest; the table takes the first that fits its width.
+LAYOUTS = (Layout(False, False, False), Layout(True, False, False),
+           Layout(True, True, False), Layout(True, True, True))
+
+
+@dataclass(frozen=True)
+class CompareTable:
+    """The compare table, a rich renderable laid out for the width it is printed at:
+    the first of LAYOUTS whose table fits (the last when none does), so a long cell name
+    wraps at its ':' rather than squeeze the number columns, and no number is cut."""
+
+    results: list[tuple[Cell, dict[str, Any]]]
+    title: str
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for layout in LAYOUTS:
+            table = build_table(self.results, self.title, layout)
+            natural = Measurement.get(console, options.update_width(10_000), table).maximum
+            if natural <= options.max_width:
+                break
+        yield table
+
+
+def compare_table(results: list[tuple[Cell, dict[str, Any]]],
+                  title: str = "compare") -> CompareTable:
+    """One row per cell: throughput, TTFT / TPOT / E2E p50 and p99 (three significant
+    figures), slot fractions, preemptions (of which swaps) and rejections, fitted to the
+    width it is printed at (CompareTable). A caption names the saturated cells."""
+    return CompareTable(results, title)
+
+
+def build_table(results: list[tuple[Cell, dict[str, Any]]], title: str,
+                layout: Layout) -> Table:
+    """The compare table in ``layout``; no column is widened for the caption. Every
+    column folds (never cuts) a value when even the narrowest layout does not fit."""
+    frame: dict[str, Any] = (
+        {"box": box.SIMPLE_HEAD, "show_edge": False, "padding": (0, 0)} if layout.compact
+        else {})
+    t = Table(title=title, header_style="bold", **frame)
     saturated = [c.label for c, s in results if s.get("saturated")]
     if saturated:
         t.caption = ("saturated (the queue grows over the arrival window; latency "
                      f"percentiles are not steady-state): {', '.join(saturated)}")
     cached = any(s.get("prefix_cache", {}).get("mode", "none") != "none" for _, s in results)
+    slots = "slots %\nuse/idle/\nempty" if layout.break_pairs else "slots %\nuse/idle/empty"
     for name in ("cell", "req/s", "out\ntok/s", "TTFT s\np50/p99", "TPOT ms\np50/p99",
-                 "E2E s\np50/p99", "slots %\nuse/idle/empty", "preempt\n(swaps)", "reject",
+                 "E2E s\np50/p99", slots, "preempt\n(swaps)", "reject",
                  *(("prefix\nhit %",) if cached else ())):
-        if name == "cell":
-            t.add_column(name, no_wrap=True,
-                         min_width=max((len(c.label) for c, _ in results), default=4))
-        else:
-            t.add_column(name, justify="right")
+        t.add_column(name, justify="left" if name == "cell" else "right", overflow="fold")
+    sep = "/\n" if layout.break_pairs else "/"
     for cell, s in results:
         thr, sl = s["throughput"], s["slots"]
         t.add_row(
-            cell.label, f"{thr['requests_per_s']:.2f}", f"{thr['output_tokens_per_s']:,.0f}",
-            _pair(s["ttft_s"], 1, 1), _pair(s["tpot_s"], 1000, 0),
-            _pair(s["e2e_latency_s"], 1, 1),
+            cell.label.replace(":", ":\n") if layout.break_names else cell.label,
+            f"{thr['requests_per_s']:.2f}", f"{thr['output_tokens_per_s']:,.0f}",
+            _pair(s["ttft_s"], 1, sep), _pair(s["tpot_s"], 1000, sep),
+            _pair(s["e2e_latency_s"], 1, sep),
             "/".join(f"{sl[f'{k}_fraction']:.0%}".rstrip("%") for k in ("useful", "idle", "empty")),
             f"{s['num_preemptions']:,} ({s.get('num_swaps', 0):,})", f"{s['num_rejected']:,}",
             *((_hit_rate(s),) if cached else ()),

@@ -35,14 +35,17 @@ class BatchDefaults:
     max_num_batched_tokens: int
 
 
-def api_server_batch_defaults(gpu: GPUSpec) -> BatchDefaults:
-    """vLLM 0.32's OPENAI_API_SERVER defaults for ``gpu``, chosen by the device's total
+def api_server_batch_defaults(gpu: GPUSpec | None) -> BatchDefaults:
+    """vLLM 0.32's OPENAI_API_SERVER defaults for ``gpu`` (None: its CPU engine, 128
+    sequences and 2,048 tokens at world size 1), chosen by the device's total
     memory (vLLM reads what torch reports; a GPUSpec holds that or the vendor label, on
     the same side of each threshold for every preset) and its name: at least 160 GiB
     (B200, MI300X): 1,024 sequences and 16,384 tokens; at least 70 GiB and not an A100
     (H100, H200; vLLM PR #17885 found the larger budget slower on A100): 1,024 and 8,192;
     any other GPU: 256 and 2,048. The usage context ``LLM`` (offline) has larger budgets;
     servesim models the server."""
+    if gpu is None:
+        return BatchDefaults(128, 2048)
     if gpu.memory_bytes >= 160 * GIB:
         return BatchDefaults(1024, 16384)
     if gpu.memory_bytes >= 70 * GIB and "a100" not in gpu.name.lower():
@@ -50,7 +53,7 @@ def api_server_batch_defaults(gpu: GPUSpec) -> BatchDefaults:
     return BatchDefaults(256, 2048)
 
 
-def batch_limits(gpu: GPUSpec, policy: str, max_model_len: int,
+def batch_limits(gpu: GPUSpec | None, policy: str, max_model_len: int,
                  max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None) -> BatchDefaults:
     """The run's batch limits: those given, and vLLM's API-server defaults on ``gpu`` for

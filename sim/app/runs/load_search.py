@@ -2,6 +2,8 @@
 judged against the SLOs, and the search over load for one (config, seed), bracketing then
 bisecting the boundary between feasible and infeasible loads (method: docs/capacity.md).
 Both are top-level functions so that workers (sim/app/runs/backends.py) can run them.
+A probe reaches its load by re-timing the requests (Poisson, or gamma with burstiness),
+by closed-loop users, or by time-scaling a trace's own arrivals (TraceTiming).
 """
 
 from __future__ import annotations
@@ -9,15 +11,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from scenarios.build import build_workload
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.engine import SchedulerStuck
 from sim.latency_stats import check_slo_seconds
 
 MIN_RATE = 1e-3
 """The lowest rate (req/s) a search probes."""
+
+PEAK_BINS = 10
+"""A trace's peak rate is that of the busiest of this many equal slices of its span."""
 
 
 @dataclass(frozen=True)
@@ -69,16 +76,60 @@ class Probe:
 
 @dataclass(frozen=True)
 class ProbeTask:
-    """A probe to run in a worker: the config (load, seed and replicas set) and the SLO."""
+    """A probe to run in a worker: the config (load, seed and replicas set) and the SLO;
+    ``load`` where the config does not carry it (a trace-timed probe's req/s)."""
 
     config: RunConfig
     slo: SLO
     load_axis: str
+    load: float | None = None
 
 
-def with_load(cfg: RunConfig, load_axis: str, load: float, seed: int) -> RunConfig:
+@dataclass(frozen=True)
+class TraceTiming:
+    """A trace's own arrivals as a trace-timed probe replays them (the whole trace, or
+    its first ``window`` seconds, in order): ``num_requests``, ``span_s`` (first to last
+    arrival, s), ``mean_rate_rps`` = (num_requests - 1) / span_s, ``gap_cv`` (the
+    coefficient of variation of the gaps between arrivals; 1 for Poisson) and
+    ``peak_ratio`` (the rate of the busiest of PEAK_BINS equal slices of the span over
+    the mean rate; about 1 for a steady rate)."""
+
+    num_requests: int
+    span_s: float
+    mean_rate_rps: float
+    gap_cv: float
+    peak_ratio: float
+
+
+def trace_timing(cfg: RunConfig) -> TraceTiming | None:
+    """The timing of ``cfg``'s trace (its window applied; num_requests, the rate and
+    the time scale ignored); None when it has fewer than two requests or all at one
+    instant (nothing to time-scale). FileNotFoundError for a missing trace."""
+    assert cfg.trace is not None
+    w = build_workload(trace=Path(cfg.trace), trace_format=cfg.trace_format, scenario=None,
+                       arrival=None, rate=None, burstiness=None, num_requests=None,
+                       window_s=cfg.window, time_scale=None, max_tokens=None, seed=0)
+    t = np.asarray(w.arrival_time, dtype=np.float64)
+    span = float(t[-1] - t[0]) if t.size else 0.0
+    if t.size < 2 or not span > 0:
+        return None
+    gaps = np.diff(t)
+    busiest = np.histogram(t, bins=PEAK_BINS, range=(t[0], t[-1]))[0].max()
+    return TraceTiming(int(t.size), span, (t.size - 1) / span,
+                       float(gaps.std() / gaps.mean()), float(busiest * PEAK_BINS / t.size))
+
+
+def with_load(cfg: RunConfig, load_axis: str, load: float, seed: int,
+              trace_rate_rps: float | None = None) -> RunConfig:
     """``cfg`` at one load and seed: Poisson (or the base's gamma) at ``load`` req/s, or
-    ``load`` closed-loop users."""
+    ``load`` closed-loop users; with ``trace_rate_rps`` (the trace's own mean rate,
+    TraceTiming), the whole trace in order, its own arrivals time-scaled to ``load``
+    req/s (time_scale = load / trace_rate_rps; no request drawn at random)."""
+    if trace_rate_rps is not None:
+        assert load_axis == "rate"
+        return dataclasses.replace(cfg, time_scale=load / trace_rate_rps, rate=None,
+                                   arrival=None, burstiness=None, concurrency=None,
+                                   num_requests=None, trace_sample=False, seed=seed)
     if load_axis == "concurrency":
         return dataclasses.replace(cfg, concurrency=int(load), rate=None, arrival=None,
                                    burstiness=None, seed=seed)
@@ -91,6 +142,7 @@ def run_probe(task: ProbeTask) -> Probe:
     """Simulate ``task.config`` and judge it (top-level: runs in workers)."""
     cfg, slo = task.config, task.slo
     raw = cfg.concurrency if task.load_axis == "concurrency" else cfg.rate
+    raw = task.load if task.load is not None else raw
     load, seed, replicas = float(raw or 0.0), cfg.seed, cfg.replicas
     try:
         result = simulate_prepared(prepare(cfg))
@@ -123,7 +175,8 @@ def _percentile(values: np.ndarray, p: float) -> float | None:
 
 @dataclass(frozen=True)
 class SearchTask:
-    """The load search for one (config, seed)."""
+    """The load search for one (config, seed); with ``trace_rate_rps`` each probe
+    time-scales the trace's own arrivals (with_load)."""
 
     config_index: int
     config: RunConfig
@@ -133,6 +186,7 @@ class SearchTask:
     start: float = 1.0
     tolerance: float = 0.02
     max_probes: int = 16
+    trace_rate_rps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -158,8 +212,8 @@ def search(task: SearchTask) -> SearchResult:
     probes: list[Probe] = []
     load = max(1.0, round(task.start)) if integer else task.start
     while len(probes) < task.max_probes:
-        p = run_probe(ProbeTask(with_load(task.config, task.load_axis, load, task.seed),
-                                task.slo, task.load_axis))
+        cfg = with_load(task.config, task.load_axis, load, task.seed, task.trace_rate_rps)
+        p = run_probe(ProbeTask(cfg, task.slo, task.load_axis, load))
         probes.append(p)
         if p.error:
             break

@@ -17,13 +17,16 @@ sim/app/reports/plan_page.py. Method (docs/capacity.md):
 - Replicas for a target start from ceil(target / median) and are confirmed by simulating
   the whole cluster (router included) at the target on every seed: one more replica while
   it fails, one fewer while that still passes.
+- With ``arrival="trace"`` a probe replays the whole trace (or its window) in order, its
+  own arrivals time-scaled to the probed rate, on the first seed only (nothing is drawn
+  at random). Re-timing smooths a trace's swings in rate, so a trace plan also checks its
+  answer under the other timing (OtherTiming) and the report shows both.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,19 +39,25 @@ from sim.app.runs.load_search import (
     ProbeTask,
     SearchResult,
     SearchTask,
+    TraceTiming,
     run_probe,
     search,
+    trace_timing,
     with_load,
 )
-from sim.app.runs.runner import MAX_REPLICAS, RunConfig, prepare, simulate_prepared
+from sim.app.runs.loop_comparison import LoopRun, Runner, loop_comparison
+from sim.app.runs.runner import MAX_REPLICAS, RunConfig, prepare
 from sim.app.runs.startup_checks import Refused
 from sim.app.runs.sweep import Grid
-from sim.engine import SchedulerStuck
 
 BURSTINESS_LEVELS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Gamma shapes of the burstiness evidence (CV = 1/sqrt(k); 1 = Poisson)."""
 
 MAX_DOWN, MAX_UP = 2, 4
+
+ARRIVALS = ("poisson", "trace")
+"""How a rate probe reaches its load: poisson re-times the requests (gamma with the base's
+burstiness); trace time-scales the trace's own arrivals."""
 
 
 @dataclass
@@ -97,7 +106,10 @@ class ClusterCheck:
 @dataclass
 class PlanSpec:
     """What to plan: the base run (workload, model, GPU), the SLO, the config grid, the
-    seeds and search settings, and the optional target."""
+    seeds and search settings, the optional target, and the arrival timing (ARRIVALS).
+    ``trace``, derived at construction for a rate plan over a trace, is the trace's own
+    timing (read once: FileNotFoundError for a missing file; None for a trace whose
+    arrivals cannot be time-scaled, which arrival "trace" refuses)."""
 
     base: RunConfig
     slo: SLO
@@ -107,8 +119,10 @@ class PlanSpec:
     start: float = 1.0
     tolerance: float = 0.02
     max_probes: int = 16
-    router: str = "least-outstanding"
+    router: str = "round-robin"
     check_requests: int | None = None
+    arrival: str = "poisson"
+    trace: TraceTiming | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.load_axis not in ("rate", "concurrency"):
@@ -125,6 +139,30 @@ class PlanSpec:
         if unknown:
             raise ValueError(f"a plan's config grid takes {', '.join(PLAN_AXES)}; "
                              f"got {', '.join(sorted(unknown))}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got "
+                             f"{self.arrival!r}")
+        if self.arrival == "trace" and self.base.trace is None:
+            raise ValueError("--arrival trace time-scales a trace's own arrivals: give --trace")
+        if self.arrival == "trace" and self.load_axis != "rate":
+            raise ValueError("--arrival trace times open-loop arrivals; with --load "
+                             "concurrency each user sends when its previous request ends")
+        if self.base.trace is not None and self.load_axis == "rate":
+            self.trace = trace_timing(self.base)
+        if self.arrival == "trace" and self.trace is None:
+            raise ValueError(f"--arrival trace time-scales the trace's own arrivals, and "
+                             f"{self.base.trace} has fewer than two at different times"
+                             + (" in its --window" if self.base.window else ""))
+
+    def seeds(self, arrival: str) -> tuple[int, ...]:
+        """The seeds probes under ``arrival`` run on: a trace-timed probe draws nothing at
+        random, so the first seed stands for all."""
+        return self.grid.seeds[:1] if arrival == "trace" else self.grid.seeds
+
+    def trace_rate(self, arrival: str) -> float | None:
+        """The trace's mean rate (req/s) that trace-timed probes scale; None when
+        re-timed."""
+        return self.trace.mean_rate_rps if arrival == "trace" and self.trace else None
 
 
 @dataclass
@@ -139,11 +177,8 @@ class PlanResult:
     operating_load: float
     burstiness: list[tuple[float, list[Probe]]]
     loops: list[LoopRun]
+    other: OtherTiming | None = None
     elapsed_s: float = 0.0
-
-
-#: ``runner(fn, items)`` maps a top-level function over items in parallel, in order.
-Runner = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
 
 
 def run_plan(spec: PlanSpec, runner: Runner) -> PlanResult:
@@ -151,8 +186,8 @@ def run_plan(spec: PlanSpec, runner: Runner) -> PlanResult:
     (sim.app.runs.backends.map_ordered with the CLI's workers and backend)."""
     configs = candidates(spec)
     tasks = [SearchTask(c.index, c.config, s, spec.slo, spec.load_axis, spec.start,
-                        spec.tolerance, spec.max_probes)
-             for c in configs if not c.error for s in spec.grid.seeds]
+                        spec.tolerance, spec.max_probes, spec.trace_rate(spec.arrival))
+             for c in configs if not c.error for s in spec.seeds(spec.arrival)]
     for res in runner(search, tasks):
         configs[res.config_index].searches.append(res)
         if res.error and not configs[res.config_index].error:
@@ -161,9 +196,12 @@ def run_plan(spec: PlanSpec, runner: Runner) -> PlanResult:
     if best is None:
         return PlanResult(spec, configs, None, checks, None, 0.0, [], [])
     load = operating_load(spec, best, replicas)
+    other = other_timing(spec, best, replicas, checks.get(best.index, []), runner)
     bursts = burstiness_evidence(spec, best, load, runner)
-    loops = loop_comparison(spec, best, load, runner)
-    return PlanResult(spec, configs, best, checks, replicas, load, bursts, loops)
+    first = dataclasses.replace(best.config, seed=spec.grid.seeds[0])
+    loops = loop_comparison(first, spec.load_axis, load, spec.base.num_requests or 2000,
+                            runner)
+    return PlanResult(spec, configs, best, checks, replicas, load, bursts, loops, other)
 
 
 def candidates(spec: PlanSpec) -> list[ConfigResult]:
@@ -224,18 +262,26 @@ def choose(spec: PlanSpec, configs: list[ConfigResult],
 def confirm_replicas(spec: PlanSpec, c: ConfigResult,
                      runner: Runner) -> tuple[int | None, list[ClusterCheck]]:
     """Smallest cluster that meets the SLOs at the target on every seed, searched from
-    ceil(target / median): up while it fails (at most MAX_UP), down while it passes (at
-    most MAX_DOWN, not below ceil(target / max))."""
+    ceil(target / median) (walk_replicas, not below ceil(target / max); a trace-timed
+    plan's one seed gives no max above the median, so it walks down from there)."""
     assert spec.target is not None
     med, _, top = c.interval(spec.load_axis)
-    r = max(1, math.ceil(spec.target / med))
-    floor = max(1, math.ceil(spec.target / top))
+    floor = 1 if spec.arrival == "trace" else max(1, math.ceil(spec.target / top))
+    return walk_replicas(spec, c, max(1, math.ceil(spec.target / med)), floor,
+                         spec.arrival, runner)
+
+
+def walk_replicas(spec: PlanSpec, c: ConfigResult, r: int, floor: int, arrival: str,
+                  runner: Runner) -> tuple[int | None, list[ClusterCheck]]:
+    """Smallest cluster of config ``c`` that meets the SLOs at the target under
+    ``arrival``, from ``r`` replicas: up while it fails (at most MAX_UP), down while it
+    passes (at most MAX_DOWN, not below ``floor``); None when none passed."""
     if r + MAX_UP > MAX_REPLICAS:  # too large a cluster to simulate: left unconfirmed
         return None, []
-    checks = [cluster_check(spec, c, r, runner)]
+    checks = [cluster_check(spec, c, r, runner, arrival)]
     if checks[-1].passes:
         while r > floor and len(checks) <= MAX_DOWN:
-            trial = cluster_check(spec, c, r - 1, runner)
+            trial = cluster_check(spec, c, r - 1, runner, arrival)
             checks.append(trial)
             if not trial.passes:
                 break
@@ -243,24 +289,86 @@ def confirm_replicas(spec: PlanSpec, c: ConfigResult,
         return r, checks
     for _ in range(MAX_UP):
         r += 1
-        checks.append(cluster_check(spec, c, r, runner))
+        checks.append(cluster_check(spec, c, r, runner, arrival))
         if checks[-1].passes:
             return r, checks
     return None, checks
 
 
-def cluster_check(spec: PlanSpec, c: ConfigResult, replicas: int,
-                  runner: Runner) -> ClusterCheck:
-    """Simulate ``replicas`` replicas of config ``c`` behind the router at the target."""
-    assert spec.target is not None
-    # Each replica sees about as many requests as a single-replica probe did.
+def cluster_check(spec: PlanSpec, c: ConfigResult, replicas: int, runner: Runner,
+                  arrival: str, load: float | None = None) -> ClusterCheck:
+    """Simulate ``replicas`` replicas of config ``c`` behind the router at ``load``
+    (default: the target) under ``arrival``, on its seeds (PlanSpec.seeds)."""
+    load = spec.target if load is None else load
+    assert load is not None
+    # Each replica sees about as many requests as a single-replica probe did; a
+    # trace-timed check replays the whole trace (with_load).
     n = spec.check_requests or (spec.base.num_requests or 2000) * replicas
     cfg = dataclasses.replace(c.config, replicas=replicas, router=spec.router,
                               num_requests=n)
-    target = math.ceil(spec.target) if spec.load_axis == "concurrency" else spec.target
-    tasks = [ProbeTask(with_load(cfg, spec.load_axis, target, s), spec.slo, spec.load_axis)
-             for s in spec.grid.seeds]
+    load = math.ceil(load) if spec.load_axis == "concurrency" else load
+    rate = spec.trace_rate(arrival)
+    tasks = [ProbeTask(with_load(cfg, spec.load_axis, load, s, rate), spec.slo,
+                       spec.load_axis, load) for s in spec.seeds(arrival)]
     return ClusterCheck(replicas, list(runner(run_probe, tasks)))
+
+
+@dataclass
+class OtherTiming:
+    """The plan's answer checked under the other arrival timing (re-timing for a
+    trace-timed plan, the trace's own timing for a re-timed one) at ``load`` req/s (the
+    target, or one replica's median sustainable rate without one): ``checks`` searched
+    from the plan's replicas (smallest_cluster) and ``replicas``, the smallest that passed
+    (None when none did, or without a target: then one check of one replica); ``own``,
+    the plan's timing checked at that answer where the plan had not, so that the report
+    shows both timings at both sizes."""
+
+    arrival: str
+    load: float
+    checks: list[ClusterCheck]
+    replicas: int | None
+    own: list[ClusterCheck] = field(default_factory=list)
+
+
+def other_timing(spec: PlanSpec, best: ConfigResult, replicas: int | None,
+                 checked: list[ClusterCheck], runner: Runner) -> OtherTiming | None:
+    """The chosen config's answer under the timing the plan did not use, for a rate
+    plan over a trace (None otherwise, and when the target was not confirmed);
+    ``checked`` are the plan's own checks of ``best``."""
+    if spec.trace is None:
+        return None
+    other = "poisson" if spec.arrival == "trace" else "trace"
+    if spec.target is None:
+        load = best.interval(spec.load_axis)[0]
+        return OtherTiming(other, load, [cluster_check(spec, best, 1, runner, other, load)],
+                           None)
+    if replicas is None:
+        return None
+    n, checks = smallest_cluster(spec, best, replicas, other, runner)
+    own = ([cluster_check(spec, best, n, runner, spec.arrival)]
+           if n is not None and n not in {k.replicas for k in checked} else [])
+    return OtherTiming(other, spec.target, checks, n, own)
+
+
+def smallest_cluster(spec: PlanSpec, c: ConfigResult, r: int, arrival: str,
+                     runner: Runner) -> tuple[int | None, list[ClusterCheck]]:
+    """Smallest cluster of config ``c`` that meets the SLOs at the target under
+    ``arrival``, from ``r`` replicas: up one at a time while it fails (at most MAX_UP;
+    None when none passed), else r - 1 and then bisection down to 1 (more replicas never
+    serve worse, so the sizes that pass are those from some n up)."""
+    checks = [cluster_check(spec, c, r, runner, arrival)]
+    if not checks[0].passes:
+        for n in range(r + 1, min(r + MAX_UP, MAX_REPLICAS) + 1):
+            checks.append(cluster_check(spec, c, n, runner, arrival))
+            if checks[-1].passes:
+                return n, checks
+        return None, checks
+    fails, passes, trial = 0, r, r - 1  # 0 replicas serve nothing
+    while passes - fails > 1:
+        checks.append(cluster_check(spec, c, trial, runner, arrival))
+        fails, passes = (fails, trial) if checks[-1].passes else (trial, passes)
+        trial = (fails + passes) // 2
+    return passes, checks
 
 
 def operating_load(spec: PlanSpec, c: ConfigResult, replicas: int | None) -> float:
@@ -283,83 +391,3 @@ def burstiness_evidence(spec: PlanSpec, c: ConfigResult, load: float,
     probes = runner(run_probe, tasks)
     n = len(spec.grid.seeds)
     return [(k, list(probes[i * n:(i + 1) * n])) for i, k in enumerate(BURSTINESS_LEVELS)]
-
-
-@dataclass(frozen=True)
-class LoopRun:
-    """Steady-window latency of one open- or closed-loop run: requests sent after the
-    first ``trim`` and before the last ``trim`` (the closed loop's start-up wave and
-    drain), throughput = completions per second between those two send times."""
-
-    kind: str
-    load: float
-    num_measured: int
-    throughput_rps: float
-    ttft_p50_s: float | None
-    ttft_p99_s: float | None
-    tpot_p50_s: float | None
-    tpot_p99_s: float | None
-    e2e_mean_s: float | None
-    e2e_p99_s: float | None
-    queued_mean_s: float | None
-    saturated: bool
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class LoopTask:
-    config: RunConfig
-    kind: str
-    load: float
-    trim: int
-
-
-def run_loop(task: LoopTask) -> LoopRun:
-    """Simulate one side of the open/closed comparison (top-level: runs in workers)."""
-    axis = "concurrency" if task.kind == "closed" else "rate"
-    cfg = with_load(task.config, axis, task.load, task.config.seed)
-    try:
-        res = simulate_prepared(prepare(cfg))
-    except (ValueError, FileNotFoundError, SchedulerStuck) as e:
-        return LoopRun(task.kind, task.load, 0, 0.0, None, None, None, None, None, None,
-                       None, False, str(e))
-    req = res.requests
-    n, trim = len(req), task.trim
-    if n <= 2 * trim + 10:
-        trim = 0
-    window = req.iloc[trim:n - trim] if trim else req
-    t_a, t_b = float(window["arrival_time"].iloc[0]), float(window["arrival_time"].iloc[-1])
-    fin = req["finish_time"].to_numpy()
-    done = int(((fin >= t_a) & (fin <= t_b)).sum())
-    ok = window[window["status"] == "finished"]
-
-    def q(col: str, p: float) -> float | None:
-        v = ok[col].dropna().to_numpy()
-        return float(np.percentile(v, p)) if v.size else None
-
-    return LoopRun(
-        task.kind, task.load, len(window), done / (t_b - t_a) if t_b > t_a else 0.0,
-        q("ttft_s", 50), q("ttft_s", 99), q("tpot_s", 50), q("tpot_s", 99),
-        float(ok["e2e_latency_s"].mean()) if len(ok) else None, q("e2e_latency_s", 99),
-        float(window["queued_time_s"].mean()), bool(res.summary["saturated"]))
-
-
-def loop_comparison(spec: PlanSpec, c: ConfigResult, load: float,
-                    runner: Runner) -> list[LoopRun]:
-    """Closed and open loop at equal throughput (first seed): C closed-loop users (Little's
-    law, C = rate x mean E2E at the operating rate, or the operating concurrency), then
-    Poisson arrivals at the steady throughput those users reached."""
-    seed = spec.grid.seeds[0]
-    cfg = dataclasses.replace(c.config, seed=seed)
-    if spec.load_axis == "rate":
-        probe = runner(run_loop, [LoopTask(cfg, "open", load, 0)])[0]
-        users = max(1, round(load * (probe.e2e_mean_s or 0.0)))
-    else:
-        users = max(1, int(load))
-    per = spec.base.num_requests or 2000
-    cfg = dataclasses.replace(cfg, num_requests=max(per, 10 * users))
-    closed = runner(run_loop, [LoopTask(cfg, "closed", users, users)])[0]
-    if closed.error or closed.throughput_rps <= 0:
-        return [closed]
-    matched = runner(run_loop, [LoopTask(cfg, "open", closed.throughput_rps, users)])[0]
-    return [closed, matched]

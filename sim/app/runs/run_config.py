@@ -15,6 +15,7 @@ from calibration.specs import DTYPE_BYTES, ModelSpec
 from policies.routers import ROUTERS, check_prefix_cache
 from sim.app.runs.config_file import VLLM_DTYPES
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
+from sim.app.runs.device import default_device
 from sim.app.runs.startup_checks import default_block_size, engine_platform
 from sim.config import PREFIX_CACHE_MODES
 from sim.latency_stats import check_slo_seconds
@@ -56,11 +57,19 @@ class RunConfig:
     construction too, is the one vLLM picks on the run's engine when the user gives
     none (128 on vLLM's CPU engine, else 16: startup_checks.default_block_size).
     allow_long_max_model_len is vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
-    (sim/app/runs/startup_checks.py)."""
+    (sim/app/runs/startup_checks.py); trace_sample, decided with the workload, is on
+    when a trace is re-timed (rate, arrival or burstiness given) and off when its own
+    arrivals are replayed (sample_trace). gpu, resolved at construction, is the
+    profile's device with a profile ("cpu" for a CPU: sim/app/runs/device.py), else
+    h100-sxm; dtype, resolved at construction, is the profile's with a profile, else
+    vLLM's auto (AUTO_DTYPE). The roofline_* fields set the roofline cost model's
+    constants (None: its fitted ones, calibration/roofline.py); prepare records the
+    values that priced a roofline run, and a run priced otherwise (profile, step_time)
+    takes none."""
 
     model: str | None = None
-    gpu: str = "h100-sxm"
-    dtype: str = "bf16"
+    gpu: str | None = None
+    dtype: str | None = None
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     policy: str = "chunked"
@@ -77,6 +86,10 @@ class RunConfig:
     max_tokens: int | None = None
     step_time: float | None = None
     profile: str | None = None
+    roofline_compute_efficiency: float | None = None
+    roofline_memory_efficiency: float | None = None
+    roofline_step_overhead_s: float | None = None
+    roofline_per_seq_overhead_s: float | None = None
     trace: str | None = None
     trace_format: str | None = None
     scenario: str | None = None
@@ -99,22 +112,19 @@ class RunConfig:
     router: str = "round-robin"
     concurrency: int | None = None
     think_time: float = 0.0
-    trace_sample: bool = False
+    trace_sample: bool | None = None
     prefix_cache: str | None = None
 
     def __post_init__(self) -> None:
         _check_conflicts(self)
         _check_int64(self)
-        if self.model is None or self.block_size is None:
+        if None in (self.model, self.block_size, self.gpu, self.dtype):
             _resolve_defaults(self)
+        _check_roofline(self)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
-        if self.dtype == "auto" or self.dtype in VLLM_DTYPES:
-            object.__setattr__(self, "dtype", VLLM_DTYPES.get(self.dtype, AUTO_DTYPE))
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)} (or vLLM's "
-                             f"auto, {', '.join(VLLM_DTYPES)}), got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
         check_quantization_name(self.quantization)
         check_kv_cache_dtype(self.kv_cache_dtype)
         if not 0 <= self.swap_space <= MAX_SWAP_SPACE_GIB:
@@ -136,6 +146,17 @@ class RunConfig:
         _check_prefix_cache(self)
 
 
+def dtype_name(dtype: str | None) -> str:
+    """servesim's name (bf16, fp16, fp32) of a ``--dtype`` value, vLLM's names included
+    (auto and None: AUTO_DTYPE). Raises ValueError naming the allowed values."""
+    if dtype is None or dtype == "auto" or dtype in VLLM_DTYPES:
+        return VLLM_DTYPES.get(dtype or "auto", AUTO_DTYPE)
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)} (or vLLM's "
+                         f"auto, {', '.join(VLLM_DTYPES)}), got {dtype!r}")
+    return dtype
+
+
 def _check_conflicts(cfg: RunConfig) -> None:
     """Flags that contradict each other: ValueError naming both (--model against
     --profile needs the profile read, so prepare checks it: runner._model_spec)."""
@@ -150,17 +171,52 @@ def _check_conflicts(cfg: RunConfig) -> None:
 
 
 def _resolve_defaults(cfg: RunConfig) -> None:
-    """Set the model and the block size ``cfg`` leaves unset, from one read of its
-    profile (a replace() keeps both): the profile's model, else DEFAULT_MODEL; the block
-    size vLLM picks on the run's engine (startup_checks.default_block_size). ValueError
-    naming the file for a bad profile."""
+    """Set the model, the GPU, the dtype and the block size ``cfg`` leaves unset, from
+    one read of its profile (a replace() keeps them): the profile's model, else
+    DEFAULT_MODEL; the profile's device, else the default GPU (device.default_device);
+    the profile's dtype, else AUTO_DTYPE; the block size vLLM
+    picks on the run's engine (startup_checks.default_block_size). ValueError naming the
+    file for a bad profile, or --gpu when no preset names the profile's GPU."""
     profile = None if cfg.profile is None else _load_profile(cfg.profile)
     spec = None if profile is None else ModelSpec(**profile.model)
     if cfg.model is None:
         object.__setattr__(cfg, "model", DEFAULT_MODEL if spec is None else spec.name)
+    if cfg.gpu is None:
+        object.__setattr__(cfg, "gpu", default_device(profile, cfg.profile))
+    if cfg.dtype is None:
+        object.__setattr__(cfg, "dtype", AUTO_DTYPE if profile is None else profile.dtype)
     if cfg.block_size is None:
         platform = engine_platform(cfg.step_time, profile)
         object.__setattr__(cfg, "block_size", default_block_size(platform, spec))
+
+
+#: RunConfig's roofline fields and the calibration.roofline.RooflineCostModel arguments
+#: they set.
+ROOFLINE_FIELDS = {"roofline_compute_efficiency": "compute_efficiency",
+                   "roofline_memory_efficiency": "memory_efficiency",
+                   "roofline_step_overhead_s": "step_overhead_s",
+                   "roofline_per_seq_overhead_s": "per_seq_overhead_s"}
+
+
+def _check_roofline(cfg: RunConfig) -> None:
+    """The roofline's constants: efficiencies fractions in (0, 1], overheads seconds in
+    [0, MAX_SECONDS]; none with another cost model (profile, step_time), which they would
+    not price. ValueError naming the field."""
+    for name in ROOFLINE_FIELDS:
+        v = getattr(cfg, name)
+        if v is None:
+            continue
+        if name.endswith("_s"):
+            if not 0 <= v <= MAX_SECONDS:
+                raise ValueError(f"{name} must be a number of seconds in [0, "
+                                 f"{MAX_SECONDS:g}], got {v}")
+        elif not 0 < v <= 1:
+            raise ValueError(f"{name} must be a fraction in (0, 1], got {v}")
+        other = ("--profile" if cfg.profile is not None
+                 else "--step-time" if cfg.step_time is not None else None)
+        if other is not None:
+            raise ValueError(f"--{name.replace('_', '-')} sets the roofline cost model, and "
+                             f"{other} prices this run's steps instead: give one")
 
 
 def _check_int64(cfg: RunConfig) -> None:
@@ -169,6 +225,16 @@ def _check_int64(cfg: RunConfig) -> None:
         v = getattr(cfg, f.name)
         if isinstance(v, int) and not isinstance(v, bool) and not -INT64 <= v < INT64:
             raise ValueError(f"{f.name} must be below 2**63, got {v}")
+
+
+def sample_trace(cfg: RunConfig) -> bool:
+    """Whether ``cfg``'s trace requests are drawn at random from the whole trace: the
+    flag where given, else whenever the trace is re-timed (a steady-rate run should see
+    the trace's whole mix, not its first minutes; a replay keeps its own order)."""
+    if cfg.trace_sample is not None:
+        return cfg.trace_sample
+    retimed = cfg.rate is not None or cfg.arrival is not None or cfg.burstiness is not None
+    return cfg.trace is not None and cfg.num_requests is not None and retimed
 
 
 def with_policy(cfg: RunConfig, policy: str, **changes: Any) -> RunConfig:
@@ -182,10 +248,14 @@ def with_policy(cfg: RunConfig, policy: str, **changes: Any) -> RunConfig:
 
 def config_record(cfg: RunConfig) -> dict[str, Any]:
     """config.json's fields of ``cfg``: every field, but allow_long_max_model_len only
-    when set (read back, its absence is False)."""
+    when set (read back, its absence is False) and the roofline_* fields only when set
+    (a run prepare resolved has them when the roofline priced it, and only then)."""
     out = dataclasses.asdict(cfg)
     if not cfg.allow_long_max_model_len:
         del out["allow_long_max_model_len"]
+    for name in ROOFLINE_FIELDS:
+        if out[name] is None:
+            del out[name]
     return out
 
 

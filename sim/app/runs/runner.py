@@ -12,10 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from calibration.gpus import get_gpu
+import numpy as np
+
+from calibration.gpus import GPUSpec
 from calibration.hf_config import context_limit, deployed, resolve_model
 from calibration.memory import KVCachePlan, plan_for
-from calibration.roofline import RooflineCostModel
+from calibration.roofline import (
+    DEFAULT_MEMORY_EFFICIENCY,
+    DEFAULT_PER_SEQ_OVERHEAD_S,
+    DEFAULT_STEP_OVERHEAD_S,
+    RooflineCostModel,
+    gemm_efficiency,
+)
 from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 from policies.registry import get_policy_class
 from policies.routers import make_router
@@ -28,10 +36,11 @@ from sim.app.runs.defaults import (
     batch_limits,
     default_prefix_cache,
 )
+from sim.app.runs.device import check_cpu_pool, profile_kv_cache_bytes, run_device
 from sim.app.runs.prompt_content import prompt_content, workload_segments
 from sim.app.runs.resources import check_memory
 from sim.app.runs.run_config import MAX_REPLICAS as MAX_REPLICAS
-from sim.app.runs.run_config import RunConfig, check_router
+from sim.app.runs.run_config import ROOFLINE_FIELDS, RunConfig, check_router, sample_trace
 from sim.app.runs.startup_checks import (
     check_engine,
     check_kv_cache_memory,
@@ -45,12 +54,13 @@ from sim.simulate import SimResult, simulate
 from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals
 
 if TYPE_CHECKING:
-    from calibration.profile import Profile
+    from calibration.profile import MeasuredRange, Profile
 
 
 @dataclass
 class Prepared:
-    """A resolved run, ready to simulate."""
+    """A resolved run, ready to simulate; ``warnings``: one line each for the user (a
+    profile's measured range exceeded)."""
 
     config: RunConfig
     scheduler: SchedulerConfig
@@ -60,6 +70,7 @@ class Prepared:
     kv_plan: KVCachePlan | None
     cost_model_label: str
     model: ModelSpec | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -82,11 +93,27 @@ def prepare_on(cfg: RunConfig, w: Workload) -> Prepared:
 
 
 def _with_workload(engine: _Engine, w: Workload) -> Prepared:
-    cfg, sched, num_blocks, plan, cost, label, model = engine
+    cfg, sched, num_blocks, plan, cost, label, model, measured = engine
     if cfg.prefix_cache is None:
         sched = dataclasses.replace(sched, prefix_cache=prefix_cache_mode(cfg, w))
     check_router(cfg, sched.prefix_cache)  # before anything is printed or run
-    return Prepared(cfg, sched, w, cost, num_blocks, plan, label, model)
+    return Prepared(cfg, sched, w, cost, num_blocks, plan, label, model,
+                    _range_warnings(measured, cfg, sched, w))
+
+
+def _range_warnings(measured: MeasuredRange | None, cfg: RunConfig,
+                    sched: SchedulerConfig, w: Workload) -> tuple[str, ...]:
+    """The lines for a run whose limits or requests reach past its profile's measured
+    range (none without a profile): a request counts when max_model_len admits its
+    prompt and max_tokens, with its prompt and output tokens."""
+    if measured is None:
+        return ()
+    assert cfg.max_num_seqs is not None, "prepare resolves the batch limits"
+    ok = w.num_prompt_tokens + w.max_tokens <= sched.max_model_len
+    tokens = (w.num_prompt_tokens + np.minimum(w.output_len, w.max_tokens))[ok]
+    longest = int(tokens.max()) if len(tokens) else 0
+    return tuple(measured.warnings(cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   sched.max_model_len, longest))
 
 
 def prefix_cache_mode(cfg: RunConfig, w: Workload) -> str:
@@ -120,28 +147,30 @@ def _workload(cfg: RunConfig) -> Workload:
         scenario=cfg.scenario, arrival=cfg.arrival, rate=cfg.rate,
         burstiness=cfg.burstiness, num_requests=cfg.num_requests, window_s=cfg.window,
         time_scale=cfg.time_scale, max_tokens=cfg.max_tokens, seed=cfg.seed,
-        trace_sample=cfg.trace_sample,
+        trace_sample=sample_trace(cfg),
     )
 
 
 #: What prepare's engine side resolves (see _engine).
-_Engine = tuple[RunConfig, SchedulerConfig, int, KVCachePlan, CostModel, str, ModelSpec]
+_Engine = tuple[RunConfig, SchedulerConfig, int, KVCachePlan, CostModel, str, ModelSpec,
+                "MeasuredRange | None"]
 
 
 def _engine(cfg: RunConfig) -> _Engine:
-    """prepare's engine side: the config (with absolute file paths and vLLM's batch
-    limits where unset), scheduler config, number of GPU blocks, KV plan and cost model
-    with its label, and the model's spec as deployed (quantization, KV cache dtype).
-    vLLM's start-up checks come first (sim/app/runs/startup_checks.py)."""
-    assert cfg.model is not None, "RunConfig resolves the model"
+    """prepare's engine side: the config (with absolute file paths, vLLM's batch limits
+    where unset and the roofline's constants when it prices the run), scheduler config,
+    number of GPU blocks, KV plan and cost model with its label, the model's spec as
+    deployed (quantization, KV cache dtype) and the profile's measured range (None
+    without one). vLLM's start-up checks come first (sim/app/runs/startup_checks.py)."""
+    assert cfg.model is not None and cfg.gpu is not None, "RunConfig resolves them"
     cfg = dataclasses.replace(cfg, **absolute_paths(cfg.trace, cfg.profile, cfg.policy,
                                                     cfg.model, cfg.gpu))
     profile = _load_profile(cfg.profile) if cfg.profile is not None else None
     cfg, model = _model_spec(cfg, profile)
-    assert cfg.model is not None, "RunConfig resolves the model"
+    assert cfg.model is not None and cfg.gpu is not None, "RunConfig resolves them"
     limit = None if profile is not None else context_limit(cfg.model)  # a profile has none
     model = deployed(model, cfg.quantization, cfg.kv_cache_dtype)
-    gpu = get_gpu(cfg.gpu)
+    gpu = run_device(cfg.gpu, profile, cfg.profile)
     get_policy_class(cfg.policy)
     max_model_len = (model.max_position_embeddings if cfg.max_model_len is None
                      else cfg.max_model_len)
@@ -156,17 +185,23 @@ def _engine(cfg: RunConfig) -> _Engine:
                  max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                  long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                  context_limit=limit)
+    kv_bytes = cfg.kv_cache_memory_bytes
+    if gpu is None and kv_bytes is None:  # the profile's CPU: the cache it was measured with
+        assert profile is not None, "a run on the CPU has a profile (run_device)"
+        kv_bytes = profile_kv_cache_bytes(profile, cfg.profile)
+    assert cfg.dtype is not None, "RunConfig resolves the dtype"
     plan = plan_for(model, gpu, cfg.dtype, cfg.gpu_memory_utilization, tokens,
                     cfg.max_num_seqs, cfg.block_size,
-                    tensor_parallel_size=cfg.tensor_parallel_size,
-                    kv_cache_memory_bytes=cfg.kv_cache_memory_bytes)
-    num_blocks = _num_gpu_blocks(cfg, plan, max_model_len, gpu.total_memory_bytes)
+                    tensor_parallel_size=cfg.tensor_parallel_size, kv_cache_memory_bytes=kv_bytes)
+    num_blocks = _num_gpu_blocks(cfg, plan, max_model_len, gpu)
     sched = _scheduler_config(cfg, model, max_model_len, tokens)
-    cost, label = _cost_model(cfg, model, gpu, profile)
-    return cfg, sched, num_blocks, plan, cost, label, model
+    cfg, cost, label = _cost_model(cfg, model, gpu, profile)
+    measured = None if profile is None else profile.measured_range
+    return cfg, sched, num_blocks, plan, cost, label, model, measured
 
 
-def _batch_limits(cfg: RunConfig, gpu: Any, max_model_len: int) -> tuple[RunConfig, int]:
+def _batch_limits(cfg: RunConfig, gpu: GPUSpec | None,
+                  max_model_len: int) -> tuple[RunConfig, int]:
     """``cfg`` with vLLM's batch limits where unset (sim/app/runs/defaults.py), and the
     step's token count: the budget, or for a policy without one (static) the tokens
     vLLM's profile run would take, which size the KV cache and are not recorded."""
@@ -178,23 +213,31 @@ def _batch_limits(cfg: RunConfig, gpu: Any, max_model_len: int) -> tuple[RunConf
 
 
 def _num_gpu_blocks(cfg: RunConfig, plan: KVCachePlan, max_model_len: int,
-                    total_memory_bytes: int) -> int:
+                    gpu: GPUSpec | None) -> int:
     """The pool's blocks: num_gpu_blocks when given (vLLM's num_gpu_blocks_override),
     else the plan's; either must hold one request of max_model_len tokens, as vLLM checks
     the override too (startup_checks.check_kv_cache_memory), and a pool sized by hand
-    must fit the GPU (startup_checks.check_kv_pool_fits_gpu)."""
+    must fit the GPU (startup_checks.check_kv_pool_fits_gpu) or, on a profile's CPU
+    (``gpu`` None, whose plan is the profile's cache unless sized by hand), a CPU socket
+    (device.check_cpu_pool)."""
+
+    def fits(pool_bytes: int, option: str) -> None:
+        if gpu is None:
+            check_cpu_pool(pool_bytes, option)
+        else:
+            check_kv_pool_fits_gpu(plan, pool_bytes, gpu.total_memory_bytes, option)
+
     if cfg.num_gpu_blocks is None:
         if cfg.kv_cache_memory_bytes is None:
-            check_kv_cache_memory(plan, max_model_len, None, "gpu_memory_utilization")
+            check_kv_cache_memory(plan, max_model_len, None, "gpu_memory_utilization"
+                                  if gpu is not None else "kv_cache_memory_bytes")
             return plan.num_gpu_blocks
-        check_kv_pool_fits_gpu(plan, cfg.kv_cache_memory_bytes, total_memory_bytes,
-                               "kv_cache_memory_bytes")
+        fits(cfg.kv_cache_memory_bytes, "kv_cache_memory_bytes")
         check_kv_cache_memory(plan, max_model_len, None, "kv_cache_memory_bytes")
         return plan.num_gpu_blocks
     if cfg.num_gpu_blocks < 2:
         raise ValueError(f"num_gpu_blocks must be >= 2, got {cfg.num_gpu_blocks}")
-    pool = cfg.num_gpu_blocks * plan.block_size * plan.kv_bytes_per_token
-    check_kv_pool_fits_gpu(plan, pool, total_memory_bytes, "num_gpu_blocks")
+    fits(cfg.num_gpu_blocks * plan.block_size * plan.kv_bytes_per_token, "num_gpu_blocks")
     check_kv_cache_memory(plan, max_model_len, cfg.num_gpu_blocks, "num_gpu_blocks")
     return cfg.num_gpu_blocks
 
@@ -202,6 +245,7 @@ def _num_gpu_blocks(cfg: RunConfig, plan: KVCachePlan, max_model_len: int,
 def _scheduler_config(cfg: RunConfig, model: ModelSpec, max_model_len: int,
                       tokens: int) -> SchedulerConfig:
     """What the policy knows; ``tokens`` is the step's token count (_batch_limits)."""
+    assert cfg.dtype is not None, "RunConfig resolves the dtype"
     assert cfg.max_num_seqs is not None
     assert cfg.block_size is not None, "RunConfig resolves the block size"
     return SchedulerConfig(
@@ -227,10 +271,15 @@ def _load_profile(path: str) -> Profile:
 def _model_spec(cfg: RunConfig, profile: Profile | None) -> tuple[RunConfig, ModelSpec]:
     """The model's spec, and ``cfg`` naming it. A profile prices steps of the model it
     measured, so that model also sizes the KV cache; a ``model`` that is another model is
-    refused (ValueError naming --model and --profile)."""
+    refused (ValueError naming --model and --profile), and so is a ``dtype`` other than
+    the profile's (its steps were measured in that dtype)."""
     assert cfg.model is not None, "RunConfig resolves the model"
     if profile is None:
         return cfg, resolve_model(cfg.model)
+    if cfg.dtype != profile.dtype:
+        raise ValueError(f"--dtype {cfg.dtype} conflicts with --profile {cfg.profile}, "
+                         f"measured in {profile.dtype} (its step costs and KV bytes are "
+                         f"that dtype's): give --dtype {profile.dtype} or no --dtype")
     spec = ModelSpec(**profile.model)
     if cfg.model == spec.name:
         return cfg, spec
@@ -245,22 +294,37 @@ def _model_spec(cfg: RunConfig, profile: Profile | None) -> tuple[RunConfig, Mod
     return dataclasses.replace(cfg, model=spec.name), spec
 
 
-def _cost_model(cfg: RunConfig, model: Any, gpu: Any,
-                profile: Profile | None) -> tuple[CostModel, str]:
+def _cost_model(cfg: RunConfig, model: ModelSpec, gpu: GPUSpec | None,
+                profile: Profile | None) -> tuple[RunConfig, CostModel, str]:
+    """The run's cost model and its label, and ``cfg`` with the roofline's constants
+    when the roofline prices it (a constant step time or a profile takes none)."""
     if cfg.step_time is not None:
-        return ConstantCostModel(cfg.step_time), f"constant {cfg.step_time} s per step"
+        return cfg, ConstantCostModel(cfg.step_time), f"constant {cfg.step_time} s per step"
     if profile is not None:
         if cfg.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size must be 1 with a profile: calibrated "
                              "profiles are measured on one GPU (use the roofline model)")
         from calibration.profile import ProfileCostModel
 
-        return ProfileCostModel(profile), (f"profile {cfg.profile} ({profile.model.get('name')} "
-                                           f"on {profile.device_name}, {profile.dtype})")
+        return cfg, ProfileCostModel(profile), (
+            f"profile {cfg.profile} ({profile.model.get('name')} on {profile.device_name}, "
+            f"{profile.dtype})")
+    assert gpu is not None, "only a profile runs on the CPU (run_device)"
+    assert cfg.dtype is not None, "RunConfig resolves the dtype"
     tp = cfg.tensor_parallel_size
-    rl = RooflineCostModel(model, gpu, cfg.dtype, tensor_parallel_size=tp)
-    return rl, f"roofline {model.name} on {gpu.name} ({cfg.dtype}" + (
+    rl = RooflineCostModel(
+        model, gpu, cfg.dtype, tensor_parallel_size=tp,
+        compute_efficiency=_given(cfg.roofline_compute_efficiency, gemm_efficiency(gpu)),
+        memory_efficiency=_given(cfg.roofline_memory_efficiency, DEFAULT_MEMORY_EFFICIENCY),
+        step_overhead_s=_given(cfg.roofline_step_overhead_s, DEFAULT_STEP_OVERHEAD_S),
+        per_seq_overhead_s=_given(cfg.roofline_per_seq_overhead_s, DEFAULT_PER_SEQ_OVERHEAD_S))
+    cfg = dataclasses.replace(cfg, **{f: getattr(rl, a) for f, a in ROOFLINE_FIELDS.items()})
+    return cfg, rl, f"roofline {model.name} on {gpu.name} ({cfg.dtype}" + (
         f", TP {tp})" if tp > 1 else ")")
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def simulate_prepared(
