@@ -4,8 +4,8 @@ A page's example is a fenced ``bash`` block followed at once by a plain fenced b
 command and the terminal output it gives. This script runs every such command from the
 repository root (commands name ``../shared/traces/...`` and write under ``runs/``, which
 git ignores) and compares its stdout with the block below it, wall-clock times masked
-("in 12.3 s" reads "in X s" on both sides, as in golden_runs.sh). stderr (progress lines)
-is not part of an output block.
+("in 12.3 s" reads "in X s" on both sides, as in golden_runs.sh) and trailing spaces
+dropped. stderr (progress lines) is not part of an output block.
 
     python benchmarks/doc_outputs.py docs/first_hour.md           # check: exit 1 on a diff
     python benchmarks/doc_outputs.py docs/first_hour.md --write   # rewrite the output blocks
@@ -85,10 +85,10 @@ def main() -> int:
     failures = 0
     for ex in reversed(examples(lines)):  # from the end: replacing keeps earlier indices
         since = time.monotonic()
-        got = run(ex.command).split("\n")
+        got = [x.rstrip() for x in run(ex.command).split("\n")]
         took = time.monotonic() - since
         want = lines[ex.first:ex.last]
-        same = [masked(x) for x in got] == [masked(x) for x in want]
+        same = [masked(x) for x in got] == [masked(x.rstrip()) for x in want]
         print(f"{'same' if same else 'DIFFERS'} ({took:.0f} s): {ex.command.splitlines()[0]}")
         if same:
             continue

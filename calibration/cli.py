@@ -5,7 +5,8 @@ profile; fit the step-cost model, print the held-out error table, write the prof
 Owns: :func:`register` (adds the command to the main Typer app) and the command itself.
 Bad input, a missing torch, a failed vLLM driver, a corrupt profile or a refused fit end in
 one line on stderr and exit code 1. torch is imported only when measuring with it; vLLM
-never here.
+never here; the fit and profile modules (numpy) only inside the command, so that every
+other command's start-up and ``servesim --help`` stay free of numpy.
 """
 
 from __future__ import annotations
@@ -21,22 +22,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from calibration.fit import FEATURES, FitRejected, FitResult, fit_points
 from calibration.hf_config import spec_from_hf_config
-from calibration.profile import (
-    Profile,
-    check_profile_place,
-    load_profile,
-    profile_from_measurement,
-    refit,
-    save_profile,
-)
 from calibration.specs import ModelSpec
 from sim.staging import staging_file
 
 if TYPE_CHECKING:
+    from calibration.fit import FitResult
     from calibration.grid import GridConfig
     from calibration.measure import Measurement
+    from calibration.profile import Profile
 
 INSTALL_HINT = "install the calibration extra: pip install 'servesim[calibration]'"
 ENGINES = ("torch", "vllm")
@@ -66,6 +60,8 @@ def error_table(fit: FitResult, title: str) -> Table:
 
 
 def _report(console: Console, profile: Profile, title: str) -> None:
+    from calibration.fit import FEATURES
+
     console.print(error_table(profile.fit, title))
     knot = profile.fit.knot_tokens
     pairs = zip(FEATURES, profile.fit.coefficients, strict=True)
@@ -95,6 +91,8 @@ def engine_line(e: dict[str, Any]) -> str:
 
 
 def _save(profile: Profile, out: Path) -> None:
+    from calibration.profile import save_profile
+
     try:
         save_profile(profile, out)
     except ValueError as exc:
@@ -106,6 +104,8 @@ def check_out(target: Path) -> None:
     (``--out ''`` is the current one), a missing or read-only folder, or a file there
     that is not a servesim profile. Raises ValueError naming --out; the check creates and
     removes a staging file in the folder (sim/staging.py)."""
+    from calibration.profile import check_profile_place
+
     if target.is_dir():
         shown = "'' or '.' (the current directory)" if str(target) == "." else str(target)
         raise ValueError(f"--out: {shown} is a directory; give a profile file name such "
@@ -234,6 +234,7 @@ def calibrate(
         return
     from calibration.grid import GridConfig
     from calibration.measure import resolve_timer
+    from calibration.profile import check_profile_place
 
     try:
         check_run_options(seed, threads)
@@ -296,6 +297,9 @@ def _measure_vllm(spec: ModelSpec, grid: GridConfig, run: dict[str, Any], python
 def _fit_and_save(console: Console, spec: ModelSpec, m: Measurement, target: Path,
                   force: bool) -> None:
     """Fit, report, write the profile; a refused fit keeps the measurements beside it."""
+    from calibration.fit import FitRejected, fit_points
+    from calibration.profile import profile_from_measurement
+
     try:
         fit = fit_points(m.points, force=force)
     except FitRejected as exc:
@@ -313,6 +317,9 @@ def _fit_and_save(console: Console, spec: ModelSpec, m: Measurement, target: Pat
 
 
 def _refit(console: Console, source: Path, target: Path, force: bool) -> None:
+    from calibration.fit import FitRejected
+    from calibration.profile import load_profile, refit
+
     try:
         old = load_profile(source)
         new = refit(old, force=force)

@@ -16,7 +16,7 @@ import numpy as np
 
 from scenarios.arrivals import generate
 from scenarios.presets import ScenarioSpec, get_scenario
-from scenarios.traces import load_trace
+from scenarios.trace_cache import load_trace_cached
 from scenarios.workload import Workload
 
 
@@ -35,23 +35,30 @@ def _mean_rate(workload: Workload) -> float:
 def _from_trace(trace: Path, trace_format: str | None, arrival: str | None, rate: float | None,
                 burstiness: float | None, num_requests: int | None, window_s: float | None,
                 rng: np.random.Generator,
-                sample_rng: np.random.Generator | None = None) -> Workload:
-    if sample_rng is None:
-        workload = load_trace(trace, trace_format).cut(num_requests, window_s)
-    else:
-        if num_requests is None:
-            raise ValueError("trace_sample needs num_requests (how many to draw)")
-        full = load_trace(trace, trace_format).cut(None, window_s)
-        # Re-timed requests are also shuffled: a trace's lengths drift over its day, and a
-        # steady-rate probe should see a steady mix.
-        workload = dataclasses.replace(
-            full.sampled(num_requests, sample_rng, shuffle=arrival is not None
-                         or burstiness is not None),
-            source=f"{full.source}, {min(num_requests, len(full))} drawn at random")
+                sample_rng: np.random.Generator | None = None,
+                tokenizer: str | None = None) -> Workload:
+    # Only a ShareGPT file takes a tokenizer: other traces keep their cache keys.
+    read_args = {"tokenizer": tokenizer} if tokenizer is not None else {}
     if arrival is None and burstiness is not None:
         arrival = "gamma"
     if arrival is None and rate is not None:
         arrival = "poisson"  # vllm bench serve's --request-rate: Poisson gaps at that rate
+    if sample_rng is None:
+        # A time-ordered file is read only as far as the cut; a length-only file is
+        # read when a rate re-times it (else refused, saying to give --rate).
+        workload = load_trace_cached(trace, trace_format, num_requests=num_requests,
+                                     window_s=window_s, retimed=rate is not None,
+                                     **read_args)
+    else:
+        if num_requests is None:
+            raise ValueError("trace_sample needs num_requests (how many to draw)")
+        full = load_trace_cached(trace, trace_format, window_s=window_s,
+                                 retimed=rate is not None, **read_args)
+        # Re-timed requests are also shuffled: a trace's lengths drift over its day, and a
+        # steady-rate probe should see a steady mix.
+        workload = dataclasses.replace(
+            full.sampled(num_requests, sample_rng, shuffle=arrival is not None),
+            source=f"{full.source}, {min(num_requests, len(full))} drawn at random")
     if arrival is None:
         return workload
     rate = _mean_rate(workload) if rate is None else rate
@@ -96,6 +103,24 @@ def _generators(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     return arrival_rng, length_rng
 
 
+def _check_time_scale(time_scale: float | None, arrival: str | None, rate: float | None,
+                      burstiness: float | None) -> None:
+    """ValueError for ``time_scale`` beside a process that re-generates the arrivals: the
+    two would multiply (--rate 5 --time-scale 2 offers 10 req/s)."""
+    if time_scale is not None and (arrival, rate, burstiness) != (None, None, None):
+        raise ValueError(f"time_scale {time_scale:g} speeds up the arrivals as given, and "
+                         "rate/arrival/burstiness draw new ones: give the rate you want, or "
+                         "time_scale alone")
+
+
+def _check_without_trace(trace_format: str | None, trace_sample: bool) -> None:
+    """ValueError for a trace option given without a trace."""
+    if trace_format is not None:
+        raise ValueError("trace_format applies only with a trace")
+    if trace_sample:
+        raise ValueError("trace_sample applies only with a trace")
+
+
 def build_workload(
     *,
     trace: Path | None,
@@ -110,6 +135,7 @@ def build_workload(
     max_tokens: int | None,
     seed: int,
     trace_sample: bool = False,
+    tokenizer: str | None = None,
 ) -> Workload:
     """The workload a run simulates, deterministic for ``seed``.
 
@@ -127,15 +153,17 @@ def build_workload(
       requests; ``arrival``, ``rate``, ``burstiness`` override the scenario's (burstiness
       alone switches the process to gamma); ``window_s`` then cuts.
     - then ``time_scale`` is a speedup: arrival times divided by it (2 = twice the rate),
-      and ``max_tokens`` caps every request (tokens, None = keep).
+      and ``max_tokens`` caps every request (tokens, None = keep); ``tokenizer`` counts a
+      ShareGPT trace's tokens (a tokenizer.json; ignored without a trace: RunConfig checks).
 
     Raises:
         ValueError: both ``trace`` and ``scenario``; ``trace_format`` without a trace;
-            ``burstiness`` with a non-gamma
-            ``arrival``; a negative ``seed``; any out-of-range value (named in the message).
+            ``burstiness`` with a non-gamma ``arrival``; ``time_scale`` with a process
+            that re-times; a negative ``seed``; a value out of range.
         FileNotFoundError: the trace file does not exist.
     """
     arrival_rng, length_rng = _generators(seed)
+    _check_time_scale(time_scale, arrival, rate, burstiness)
     if burstiness is not None and arrival not in (None, "gamma"):
         raise ValueError(f"burstiness applies to arrival 'gamma' only, got arrival {arrival!r}")
     if trace is not None:
@@ -143,12 +171,9 @@ def build_workload(
             raise ValueError("give either trace or scenario, not both")
         workload = _from_trace(Path(trace), trace_format, arrival, rate, burstiness,
                                num_requests, window_s, arrival_rng,
-                               length_rng if trace_sample else None)
+                               length_rng if trace_sample else None, tokenizer)
     else:
-        if trace_format is not None:
-            raise ValueError("trace_format applies only with a trace")
-        if trace_sample:
-            raise ValueError("trace_sample applies only with a trace")
+        _check_without_trace(trace_format, trace_sample)
         spec = get_scenario("default" if scenario is None else scenario)
         workload = _from_scenario(spec, arrival, rate, burstiness, num_requests, window_s,
                                   arrival_rng, length_rng)

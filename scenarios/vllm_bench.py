@@ -168,6 +168,11 @@ def _document(name: str, text: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
+        results = [line for line in text.splitlines() if _RESULT_KEY.search(line)]
+        if e.msg == "Extra data" and len(results) > 1:
+            raise ValueError(f"{name}: {len(results)} results, one a line (vllm bench serve "
+                             "--append-result); keep the one to use in a file of its own"
+                             ) from None
         raise ValueError(f"{name}: invalid JSON ({e.msg} at line {e.lineno} column "
                          f"{e.colno})") from None
     except RecursionError:

@@ -53,7 +53,11 @@ the stationary count of an uncongested batch server, M/G/inf, is Poisson, and th
 spread of the difference of two such counts). A gross overload needs no statistics: when
 fewer than SERVED_FLOOR of the requests that arrived over the half left it, growth of
 MIN_GROWTH requests is enough (a run shorter than its requests' latencies, still filling
-when arrivals stop, is flagged too: it never reached a steady state either).
+when arrivals stop, is flagged too: it never reached a steady state either). Either way
+N at the end of arrivals must top its peak over the first half: a pile-up ends higher
+than it has ever been, while the slow, wide swings of a stable engine serving
+heavy-tailed outputs (N from 26 to 156 and back to 91 at 77% load) can fit a rising
+line over one half without ever passing the earlier peak.
 
 summary.json's ``saturation`` reports test A's episode (the largest that saturated the
 run, or else the largest seen): its window, growth and growth rate, the counts and floors
@@ -110,7 +114,7 @@ RULE = (f"saturated when the waiting queue (arrived, not yet scheduled) grows, w
         f"max({MIN_GROWTH} requests, {NOISE_MULTIPLE:g} x the sd of its fluctuation about "
         f"that line, {NOISE_Z:g} x sqrt(2 x its mean)), or by at least {MIN_GROWTH} "
         f"requests while fewer than {SERVED_FLOOR:.0%} of the requests arriving in that "
-        f"half left it")
+        f"half left it, ending above its peak over the first half")
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,12 +296,17 @@ def _in_system(arrival: np.ndarray, departure: np.ndarray) -> tuple[bool, dict[s
     floor = max(float(MIN_GROWTH), NOISE_MULTIPLE * noise, NOISE_Z * math.sqrt(2 * level))
     served_fraction = served / arrived if arrived else None
     gross = served_fraction is not None and served_fraction < SERVED_FLOOR
+    first = np.linspace(t0, mid, GRID_POINTS)
+    first_peak = int(np.max(np.searchsorted(arrival, first, side="right")
+                            - np.searchsorted(departure, first, side="right")))
+    at_end = int(in_system[-1])
     growing = bool(slope > GROWTH_FRACTION * offered and growth >= MIN_GROWTH
-                   and (growth > floor or gross))
+                   and (growth > floor or gross) and at_end > first_peak)
     return growing, {"window_s": [mid, t1], "growth_per_s": slope,
                      "threshold_per_s": GROWTH_FRACTION * offered, "growth": growth,
                      "fluctuation_sd": noise, "mean": level, "noise_floor": floor,
-                     "served_fraction": served_fraction, "growing": growing}
+                     "served_fraction": served_fraction, "first_half_peak": first_peak,
+                     "at_end_of_arrivals": at_end, "growing": growing}
 
 
 def saturation_summary(requests: Table) -> dict[str, Any]:

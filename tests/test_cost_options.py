@@ -79,6 +79,9 @@ def test_a_dtype_that_is_not_the_profiles_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
     _, cfg = run(tmp_path, "--profile", VLLM_CPU_PROFILE, "--dtype", "float32")
     assert cfg["dtype"] == "fp32"
+    for flag, value in (("--quantization", "fp8"), ("--kv-cache-dtype", "fp8")):
+        refused(invoke("run", *FEW, "--profile", PROFILE, flag, value,
+                       "--out", str(tmp_path / "x")), f"{flag} {value} conflicts with --profile")
 
 
 def test_the_cpu_cache_is_resized_by_hand_within_a_socket(tmp_path: Path) -> None:

@@ -47,11 +47,17 @@ def test_rate_with_a_trace_retimes_it_by_poisson_arrivals(tmp_path: Path) -> Non
     assert "re-timed poisson(50)" in alone.source  # type: ignore[attr-defined]
     span = alone.arrival_time[-1] - alone.arrival_time[0]  # type: ignore[attr-defined]
     assert 399 / span == pytest.approx(50.0, rel=0.15)  # 399 gaps: sd of the mean 5%
+    # Sampled, the draw is shuffled as a Poisson re-timing's is: the same workload.
+    drawn = [_workload(trace, num_requests=100, trace_sample=True, **kw)
+             for kw in ({"rate": 50.0}, {"rate": 50.0, "arrival": "poisson"})]
+    assert np.array_equal(drawn[0].num_prompt_tokens,  # type: ignore[attr-defined]
+                          drawn[1].num_prompt_tokens)  # type: ignore[attr-defined]
+    assert not np.all(np.diff(drawn[0].num_prompt_tokens) > 0)  # type: ignore[attr-defined]
 
 
 def test_run_takes_a_rate_with_a_trace(tmp_path: Path) -> None:
-    """`run --trace X --rate R` runs (it was refused while sweep re-timed silently) and
-    its workload line names the Poisson re-timing."""
+    """`run --trace X --rate R` runs, as sweep's rate axis does, and its workload line
+    names the Poisson re-timing."""
     trace = _trace(tmp_path / "t.csv")
     out = tmp_path / "run"
     r = runner.invoke(app, ["run", "--trace", str(trace), "--rate", "20", "--step-time",
@@ -59,6 +65,7 @@ def test_run_takes_a_rate_with_a_trace(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_requests"] == 400
+    assert "re-timed poisson(20)" in " ".join(r.output.split())
 
 
 def test_trace_sample_is_on_when_retimed_and_off_for_a_replay(tmp_path: Path) -> None:

@@ -187,7 +187,7 @@ def test_a_stopped_ray_sweep_leaves_nothing(tmp_path: Path, signum: int) -> None
     proc = start(["-m", "sim.app.cli", *BIG_SWEEP[:-2], "--backend", "ray", "--out", "out"],
                  tmp_path, tag)
     try:
-        wait_for(lambda: any("ray::run_cell" in c for c in cmdlines(tagged(tag))), proc, 180,
+        wait_for(lambda: any("ray::_run_shipped" in c for c in cmdlines(tagged(tag))), proc, 180,
                  tmp_path)
         stop_and_time(proc, signum)
         ignoring = RAY_AGENTS if signum == signal.SIGKILL else ()

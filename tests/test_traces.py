@@ -43,15 +43,15 @@ def test_azure_conv_rows_first_request_and_second_arrival() -> None:
 
 def test_azure_bulk_parse_equals_row_by_row(monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
-    """numpy's bulk parse of the Azure columns gives the row-by-row parser's values; a
+    """pandas' bulk parse of the Azure columns gives the row-by-row parser's values; a
     field the bulk parser does not take (a leap second) falls back to row by row."""
-    import scenarios.traces as traces
+    from scenarios.traces import bulk as bulk_reader
 
     leap = write(tmp_path, "leap.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
                  "2016-12-31 23:59:59.5,10,2\n2016-12-31 23:59:60.25,20,3\n")
     paths = [shared(CONV), leap]
     bulk = [load_trace(p) for p in paths]
-    monkeypatch.setattr(traces, "_azure_bulk", lambda *args: None)
+    monkeypatch.setattr(bulk_reader, "read", lambda *args: None)
     rows = [load_trace(p) for p in paths]
     for a, b in zip(bulk, rows, strict=True):
         for column in ("arrival_time", "num_prompt_tokens", "output_len", "max_tokens"):
@@ -131,7 +131,8 @@ def test_azure_small_file_crlf_without_final_newline(tmp_path: Path) -> None:
          "unknown trace format"),
         ("s.csv", "arrival_time,num_prompt_tokens,output_len\n", "no requests"),
         ("e.csv", "", "empty"),
-        ("l.csv", "num_prefill_tokens,num_decode_tokens\n5,5\n", "lengths only"),
+        ("l.csv", "num_prefill_tokens,num_decode_tokens\n5,5\n", "l.csv holds lengths "
+         "only (num_prefill_tokens, num_decode_tokens), no arrival times: give --rate"),
         ("m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": '
          + "[" * 100_000 + "]" * 100_000 + "}\n",
          "m.jsonl line 1: JSON nested too deeply to read"),

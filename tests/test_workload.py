@@ -188,10 +188,13 @@ def test_arrival_process_does_not_change_lengths(overrides: dict[str, Any]) -> N
 
 def test_scenario_overrides_and_cap() -> None:
     workload = build(arrival="constant", rate=4.0, num_requests=8, window_s=1.0,
-                     time_scale=2.0, max_tokens=16)
-    # constant 4 req/s: 0.25, 0.5, 0.75, 1.0 ...; window [0.25, 1.25) keeps 4; then x2 speed
-    np.testing.assert_allclose(workload.arrival_time, [0.125, 0.25, 0.375, 0.5])
+                     max_tokens=16)
+    # constant 4 req/s: 0.25, 0.5, 0.75, 1.0 ...; window [0.25, 1.25) keeps 4
+    np.testing.assert_allclose(workload.arrival_time, [0.25, 0.5, 0.75, 1.0])
     np.testing.assert_array_equal(workload.max_tokens, [16] * 4)
+    # A speed-up on top of a rate would multiply it (4 req/s x2 = 8): refused.
+    with pytest.raises(ValueError, match="time_scale 2 speeds up the arrivals as given"):
+        build(arrival="constant", rate=4.0, num_requests=8, time_scale=2.0)
 
 
 def test_build_errors() -> None:

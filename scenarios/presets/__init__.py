@@ -2,9 +2,7 @@
 
 Owns the preset table and ``ScenarioSpec``. The table is plain Python, not TOML: the
 project supports Python 3.10 (``requires-python`` in pyproject.toml), which has no
-``tomllib``. This is a package, not a module, so that ``pyproject.toml``'s
-``scenarios.presets`` package (and its ``*.toml`` package data, reserved for user presets
-later) resolves; the import path is ``scenarios.presets`` either way.
+``tomllib``. It ships no data files (pyproject.toml lists no package data for it).
 
 Presets (lengths fitted as a log-normal with median = p50 and sigma = sqrt(2 ln(mean/p50)),
 clipped to the range observed in the trace; statistics from ../shared/traces/README.md):
@@ -36,6 +34,9 @@ clipped to the range observed in the trace; statistics from ../shared/traces/REA
   a new chat-length message, 30 s think time on average, contexts up to 32,768 tokens.
   Sessions start at 0.4/s (rate 2 / 5 turns), about 2 req/s once sessions overlap;
   the 1,000 requests span about 990 s as the last sessions' turns trail on.
+- ``random`` and ``prefix_repetition``: vLLM's synthetic benchmark datasets, with vLLM's
+  parameters and defaults after the name (``random:input_len=2048,range_ratio=0.5``;
+  scenarios/vllm_datasets.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scenarios import vllm_datasets
 from scenarios.arrivals import ARRIVAL_PROCESSES, MIN_RATE
 from scenarios.lengths import Independent, InOrder, LengthModel, LogNormal
 from scenarios.prefixes import MultiTurn, PrefixModel, SharedPrefixes
@@ -157,8 +159,9 @@ _PRESETS: dict[str, ScenarioSpec] = {
 
 
 def list_scenarios() -> list[str]:
-    """Names of the built-in scenarios, sorted."""
-    return sorted(_PRESETS)
+    """Names of the built-in scenarios, sorted: the presets and vLLM's synthetic datasets
+    (whose parameters follow the name: ``random:input_len=2048``)."""
+    return sorted([*_PRESETS, *vllm_datasets.DATASETS])
 
 
 def get_scenario(name: str) -> ScenarioSpec:
@@ -167,9 +170,21 @@ def get_scenario(name: str) -> ScenarioSpec:
     Raises:
         ValueError: unknown name (the message lists the known ones).
     """
+    dataset = vllm_datasets.split_name(name)
+    if dataset is not None:
+        return _vllm_dataset(*dataset)
     try:
         return _PRESETS[name]
     except KeyError:
         raise ValueError(
             f"scenario must be one of {', '.join(list_scenarios())}; got {name!r}"
         ) from None
+
+
+def _vllm_dataset(base: str, params: dict[str, float]) -> ScenarioSpec:
+    """vLLM's synthetic dataset ``base`` (scenarios/vllm_datasets.py) with vLLM's traffic
+    defaults: --num-prompts 1000, --request-rate inf."""
+    lengths, prefix, label = vllm_datasets.scenario_parts(base, params)
+    return ScenarioSpec(name=label, description=label, lengths=lengths, arrival="poisson",
+                        rate=math.inf, num_requests=vllm_datasets.DEFAULT_NUM_PROMPTS,
+                        prefix=prefix)

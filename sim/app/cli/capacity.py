@@ -173,6 +173,7 @@ def plan(
     from sim.app.runs.backends import Executor
     from sim.app.runs.out_dir import check_files
     from sim.app.runs.plan import run_plan
+    from sim.app.runs.sweep import driver_inputs
 
     search = {"slo_percentile": slo_percentile, "target_rate": target_rate,
               "target_concurrency": target_concurrency, "load": load, "start": start,
@@ -181,7 +182,7 @@ def plan(
     opts = config_options(ctx, opts, PLAN_AXES)
     try:
         spec = _plan_spec(opts, search)
-        executor = Executor(workers, backend, address)
+        executor = Executor(workers, backend, address, driver_inputs(spec.base, backend)[1])
         check_files(out, ("capacity.md", "capacity.html", "plan.json"))
     except INPUT_ERRORS as e:
         fail(str(e))
@@ -193,7 +194,7 @@ def plan(
     t0 = time.perf_counter()
     try:
         with progress_bar() as bar, executor as ex:
-            res = run_plan(spec, _bar_runner(ex, bar))
+            res = run_plan(spec, _bar_runner(ex, bar), ex.parallelism)
         res.elapsed_s = time.perf_counter() - t0
         paths = write_plan(out, res)
     except INPUT_ERRORS as e:
@@ -236,7 +237,8 @@ def _plan_spec(opts: dict[str, Any], a: dict[str, Any]) -> Any:
     return spec
 
 
-PHASES = {"search": "searching load per config and seed", "run_probe": "simulating probes",
+PHASES = {"search_probe": "searching load per config and seed",
+          "run_probe": "simulating probes",
           "run_loop": "open vs closed loop"}
 
 

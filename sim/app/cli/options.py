@@ -113,7 +113,11 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
     Opt("trace", str | None, None, "Trace file: servesim CSV, Azure 2023 CSV, Mooncake JSONL "
         "or a vllm bench serve result (--save-result --save-detailed)."),
     Opt("trace_format", str | None, None,
-        "Force the trace format: servesim, azure, mooncake, vllm-bench."),
+        "Force the trace format: servesim, azure (2023 or 2024), mooncake, vllm-bench, "
+        "burstgpt (filters: 'burstgpt:model=GPT-4,log_type=API log'), vidur, splitwise, "
+        "lengths (no arrival times: give --rate)."),
+    Opt("tokenizer", str | None, None, "A tokenizer.json counting a ShareGPT trace's tokens "
+        "(needs the tokenizers package: pip install 'servesim[tokenizer]')."),
     Opt("scenario", str | None, None, "Built-in scenario (see `servesim list`)."),
     Opt("arrival", str | None, None,
         "Arrival process: poisson, gamma, constant, bursts (re-times a trace)."),

@@ -49,16 +49,29 @@ def run(
         "steps share a row, with num_steps).")] = False,
     report: Annotated[bool, typer.Option(
         "--report", help="Also write report.html (see `servesim report`) into --out.")] = False,
+    bench_result: Annotated[bool, typer.Option(
+        "--bench-result", help="Also write bench_result.json: the result in the keys and "
+        "units of `vllm bench serve --save-result` (docs/outputs.md).")] = False,
+    chrome_trace: Annotated[bool, typer.Option(
+        "--chrome-trace", help="Also write chrome_trace.json: steps, queue and running "
+        "counts, KV cache usage and request spans, for Perfetto or chrome://tracing.")
+    ] = False,
+    parquet: Annotated[bool, typer.Option(
+        "--parquet", help="Also write requests.parquet and steps.parquet (every step a "
+        "row; needs pyarrow).")] = False,
     **opts: Any,
 ) -> None:
     """Simulate one engine on a workload and write requests.csv, steps.csv, summary.json
     and config.json to --out."""
     from sim.app.runs.compare import base_options, parse_cells
+    from sim.app.runs.extra_outputs import Extras
     from sim.app.runs.runner import RunConfig, prepare
 
     opts = config_options(ctx, opts)
+    extras = Extras(bench_result, chrome_trace, parquet)
     try:
         cells = parse_cells(compare) if compare is not None else None
+        _check_extras(extras, cells)
         cfg = RunConfig(**(opts if cells is None else base_options(opts, cells)))
         out = out or Path("runs/compare" if cells is not None else "runs/latest")
         _check_out(cfg, cells, out, report)
@@ -71,7 +84,7 @@ def run(
         if report:  # one report over every cell
             _write_report([out / c.dir_name for c in cells], out / "report.html")
         return
-    _single(prep, out, full_steps)
+    _single(prep, out, full_steps, extras)
     if report:
         _write_report([out], out / "report.html")
 
@@ -102,6 +115,18 @@ def _check_out(cfg: Any, cells: list[Any] | None, out: Path, report: bool) -> No
         check_run_dir(out)
 
 
+def _check_extras(extras: Any, cells: list[Any] | None) -> None:
+    """Refuse (ValueError) optional files that cannot be written: any with --compare,
+    Parquet without pyarrow."""
+    from sim.app.runs.extra_outputs import parquet_missing
+
+    if cells is not None and extras.file_names():
+        raise ValueError("--bench-result, --chrome-trace and --parquet write one run's "
+                         "files: give them without --compare")
+    if extras.parquet and (reason := parquet_missing()):
+        raise ValueError(reason)
+
+
 def _print_engine(prep: Any) -> None:
     """The workload, the cost model (and its warnings) and the KV capacity, before the
     run."""
@@ -118,14 +143,15 @@ def _print_engine(prep: Any) -> None:
         console.print(scale_out_line(cfg))
 
 
-def _single(prep: Any, out: Path, full_steps: bool) -> None:
-    """Simulate the one run, write its directory and print its tables."""
+def _single(prep: Any, out: Path, full_steps: bool, extras: Any) -> None:
+    """Simulate the one run, write its directory (with ``extras``' files) and print its
+    tables."""
     from sim.app.runs.run_files import write_run
     from sim.engine import SchedulerStuck
 
     try:
         result = _run_with_progress(prep)
-        write_run(out, prep, result, full_steps=full_steps)
+        write_run(out, prep, result, full_steps=full_steps, extras=extras)
     except SchedulerStuck as e:
         fail(str(e))
     except INPUT_ERRORS as e:
@@ -134,7 +160,8 @@ def _single(prep: Any, out: Path, full_steps: bool) -> None:
     console.print(summary_table(result.summary))
     if prep.config.replicas > 1:
         console.print(replica_table(result.summary))
-    console.print(f"wrote {out}/requests.csv, steps.csv, summary.json, config.json")
+    console.print(f"wrote {out}/" + ", ".join(
+        ("requests.csv", "steps.csv", "summary.json", "config.json", *extras.file_names())))
 
 
 def _compare(cfg: Any, prep: Any, cells: list[Any], out: Path) -> None:

@@ -17,7 +17,8 @@ from sim.app.cli.options import declare, with_options
      "step_time", "seed"),
     scenario={"help": "Built-in scenario, e.g. teaching (6 requests, 4 slots)."},
     max_num_seqs={"default": None,
-                  "help": "Batch slots (teaching: 4; else the run's or 256)."},
+                  "help": "Batch slots (teaching: 4; else the run's, or vLLM's default "
+                          "for the GPU as in run)."},
     max_num_batched_tokens={"default": None}, seed={"default": None}))
 def diagram(
     run_dir: Annotated[Path | None, typer.Argument(

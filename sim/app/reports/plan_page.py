@@ -155,7 +155,8 @@ def checks_frame(res: PlanResult) -> pd.DataFrame:
                              "throughput (req/s)": p.throughput_rps,
                              "TTFT attainment": p.ttft_attainment,
                              "TPOT attainment": p.tpot_attainment,
-                             "p TTFT (s)": p.p_ttft_s, "p TPOT (s)": p.p_tpot_s,
+                             "p TTFT (s)": p.p_ttft_s,
+                             "p TPOT (ms)": None if p.p_tpot_s is None else 1e3 * p.p_tpot_s,
                              "saturated": p.saturated, "meets SLOs": p.feasible})
     return pd.DataFrame(rows)
 
@@ -169,8 +170,9 @@ def probes_frame(res: PlanResult) -> pd.DataFrame:
                              "load": p.load, "throughput (req/s)": p.throughput_rps,
                              "TTFT attainment": p.ttft_attainment,
                              "TPOT attainment": p.tpot_attainment, "p TTFT (s)": p.p_ttft_s,
-                             "p TPOT (s)": p.p_tpot_s, "saturated": p.saturated,
-                             "meets SLOs": p.feasible, "error": p.error})
+                             "p TPOT (ms)": None if p.p_tpot_s is None else 1e3 * p.p_tpot_s,
+                             "saturated": p.saturated, "meets SLOs": p.feasible,
+                             "error": p.error})
     return pd.DataFrame(rows)
 
 
@@ -181,7 +183,7 @@ def burstiness_frame(res: PlanResult) -> pd.DataFrame:
                      "TTFT attainment (worst seed)": min(p.ttft_attainment for p in probes),
                      "TPOT attainment (worst seed)": min(p.tpot_attainment for p in probes),
                      "p TTFT (s, worst seed)": max((p.p_ttft_s or 0.0) for p in probes),
-                     "p TPOT (s, worst seed)": max((p.p_tpot_s or 0.0) for p in probes),
+                     "p TPOT (ms, worst seed)": 1e3 * max((p.p_tpot_s or 0.0) for p in probes),
                      "saturated seeds": sum(p.saturated for p in probes),
                      "meets SLOs (all seeds)": all(p.feasible for p in probes)})
     return pd.DataFrame(rows)
@@ -342,7 +344,7 @@ def load_figure(res: PlanResult, probes: pd.DataFrame) -> Any:
         color = palette[i % len(palette)]
         sym = ["x" if s else "circle" for s in sub["saturated"]]
         att = sub[["TTFT attainment", "TPOT attainment"]].min(axis=1)
-        for col, y in ((1, att), (2, sub["p TTFT (s)"]), (3, sub["p TPOT (s)"] * 1e3)):
+        for col, y in ((1, att), (2, sub["p TTFT (s)"]), (3, sub["p TPOT (ms)"])):
             fig.add_trace(go.Scatter(x=sub["load"], y=y, mode="lines+markers", name=name,
                                      legendgroup=name, showlegend=col == 1,
                                      line={"color": color},

@@ -239,8 +239,8 @@ def sweep_page(df: pd.DataFrame, grid: Any, base: Any, elapsed_s: float | None) 
             f"</code>, {base.num_requests or 'all'} requests per run"
             + (f"; {elapsed_s:.1f} s wall time" if elapsed_s is not None else "") + ". "
             "Every cell replays the same seeded workload (common random numbers). Metrics are "
-            "means over seeds; a cell is SATURATED (x markers, SAT) when any seed's queue "
-            "grew without bound (its latency percentiles are not steady-state).</p>"]
+            "means over seeds; a cell is SATURATED (x markers, SAT) when a backlog built up "
+            "during any seed's run (its latency percentiles are not steady-state).</p>"]
     errors = df[df["error"] != ""]
     if len(errors):
         body.append(f"<p class='warn'>{len(errors)} run(s) could not run; see the error "

@@ -76,7 +76,7 @@ def lines(res: PlanResult) -> list[str]:
         return [f"**{head} agrees: {_replicas(r)}** meet{'s' if r == 1 else ''} the SLOs "
                 f"at {o.load:,.4g} req/s "
                 f"under it too (worst p{p:g} TTFT {_worst_ttft(first)})"
-                + (f" and {r - 1} do not" if below else "")]
+                + (f" and {r - 1} {'does' if r - 1 == 1 else 'do'} not" if below else "")]
     says = (f"{_replicas(n)} ({n * tp} GPU{'s' if n * tp > 1 else ''})" if n is not None else
             f"more than {max(k.replicas for k in o.checks)} replicas")
     # The check that shows the difference: the smaller cluster, which only one passes.
@@ -139,7 +139,7 @@ def _row(spec: PlanSpec, arrival: str, k: ClusterCheck, load: float) -> dict[str
             "load (req/s)": load, "seeds": len(k.probes),
             "TTFT attainment (worst seed)": min(p.ttft_attainment for p in k.probes),
             "p TTFT (s, worst seed)": max((p.p_ttft_s or 0.0) for p in k.probes),
-            "p TPOT (s, worst seed)": max((p.p_tpot_s or 0.0) for p in k.probes),
+            "p TPOT (ms, worst seed)": 1e3 * max((p.p_tpot_s or 0.0) for p in k.probes),
             "saturated seeds": sum(p.saturated for p in k.probes),
             "meets SLOs (all seeds)": k.passes}
 

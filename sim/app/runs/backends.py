@@ -5,10 +5,14 @@ depends on scheduling. One Executor keeps its pool (or its Ray connection) for i
 ``with`` block, so a plan's many rounds pay the start-up once.
 
 The Ray backend is optional (``pip install 'servesim[ray]'``); ray is imported only when
-asked for. With ``address`` it joins an existing cluster (every node must have servesim
-installed and reach the files a task reads, e.g. the trace); without, it starts a local
-Ray instance for the block and shuts it down after, unless ray is already initialised in
-this process (then that instance is used and left running).
+asked for. With ``address`` it joins an existing cluster; without, it starts a local Ray
+instance for the block and shuts it down after, unless ray is already initialised in
+this process (then that instance is used and left running). A cluster needs only Ray and
+servesim's dependencies (numpy, pandas, simpy, ...): servesim's own packages travel with
+every task of a joined cluster (ray_runtime_env, Ray's py_modules), and the files a run reads are read here, in
+the driver: the caller resolves their paths (sim/app/runs/sweep.py, plan.py) and gives
+the parsed trace as ``shipment`` (scenarios/trace_cache.py), put in Ray's object store
+once and installed in each worker's trace cache, so no worker opens the trace file.
 
 Local workers start with the ``forkserver`` method where there is one (a clean,
 single-threaded parent, whatever threads the CLI's progress bar runs): as with any
@@ -59,6 +63,40 @@ BACKENDS = ("local", "ray")
 RAY_MISSING = ("the ray backend needs the ray package: pip install 'servesim[ray]' "
                "(or pip install ray)")
 
+#: servesim's top-level packages, shipped to Ray workers (pyproject's packages.find).
+PACKAGES = ("sim", "policies", "scenarios", "calibration")
+
+
+def ray_runtime_env() -> dict[str, Any]:
+    """The runtime_env of the Ray job an Executor starts or joins: servesim's packages as
+    py_modules (uploaded once per content, byte-compiled files left out), so a worker
+    imports the driver's code whether or not servesim is installed on its node. (Ray
+    takes folders to upload only for a whole job: a Ray this process had already
+    initialised keeps its own runtime_env.)"""
+    import importlib
+
+    folders = [os.path.dirname(importlib.import_module(p).__file__ or "") for p in PACKAGES]
+    return {"py_modules": folders, "excludes": ["__pycache__", "*.pyc"]}
+
+
+def join_error(address: str, error: BaseException) -> str:
+    """The line for a failed join of the cluster at ``address``: Ray's own message and
+    what a head started with token authentication needs of this process."""
+    mode = os.environ.get("RAY_AUTH_MODE", "unset")
+    return (f"cannot join the Ray cluster at {address}: {error}. A head started with "
+            f"RAY_AUTH_MODE=token needs RAY_AUTH_MODE=token here too (now {mode}) and its "
+            "token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
+
+
+def _run_shipped(shipment: Any, fn: Callable[[T], R], x: T) -> R:
+    """A Ray task: install the driver's parsed traces in this worker's cache, then
+    ``fn(x)``."""
+    from scenarios.trace_cache import PROCESS_CACHE
+
+    if shipment:
+        PROCESS_CACHE.receive(shipment)
+    return fn(x)
+
 
 def default_workers() -> int:
     """One worker per CPU this process may use."""
@@ -102,12 +140,15 @@ class Executor:
 
     workers: local processes (default: one per CPU; 1 runs in this process, no pool).
     backend: "local" or "ray"; address: a Ray cluster to join (ray only).
-    Raises ValueError for an unknown backend, workers < 1, an address without ray, or ray
-    not installed; whatever ``fn`` raises is re-raised by ``map``.
+    shipment: parsed traces (scenarios.trace_cache.TraceCache.ship) every Ray task is
+    given; local workers read the files themselves, once each (their trace cache).
+    Raises ValueError for an unknown backend, workers < 1, an address without ray, ray
+    not installed, or a cluster that cannot be joined (join_error); whatever ``fn``
+    raises is re-raised by ``map``.
     """
 
     def __init__(self, workers: int | None = None, backend: str = "local",
-                 address: str | None = None) -> None:
+                 address: str | None = None, shipment: dict[Any, Any] | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if address is not None and backend != "ray":
@@ -119,8 +160,10 @@ class Executor:
         self.workers = workers or default_workers()
         self._pool: ProcessPoolExecutor | None = None
         self._lifeline: Connection | None = None  # the write end; the workers hold the other
+        self.shipment = shipment or {}
         self._ray: Any = None
         self._ray_started = False
+        self._shipment_ref: Any = None
 
     def __enter__(self) -> Executor:
         if self.backend == "ray":
@@ -144,8 +187,17 @@ class Executor:
             return
         handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, *_GROUP_SIGNALS)}
         try:
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            # A local instance's workers run this Python on this file system: only a
+            # joined cluster needs the code shipped (and a runtime_env's workers, set up
+            # apart, outlive a killed driver by seconds).
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                     runtime_env=None if self.address is None else ray_runtime_env())
             self._ray_started = True
+        except (ConnectionError, ray.exceptions.RayError) as e:
+            ray.shutdown()
+            if self.address is None:
+                raise
+            raise ValueError(join_error(self.address, e)) from None
         except BaseException:
             ray.shutdown()  # whatever an interrupted start had started
             raise
@@ -166,9 +218,17 @@ class Executor:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._lifeline.close()
             self._pool = self._lifeline = None
+        self._shipment_ref = None
         if self._ray_started:
             self._ray.shutdown()
             self._ray_started = False
+
+    @property
+    def parallelism(self) -> int:
+        """Tasks that can run at once: the local workers, or the Ray cluster's CPUs."""
+        if self._ray is not None:
+            return max(int(self._ray.cluster_resources().get("CPU", 1)), 1)
+        return self.workers if self._pool is not None else 1
 
     def map(self, fn: Callable[[T], R], items: Sequence[T],
             on_done: Callable[[int], None] | None = None) -> list[R]:
@@ -225,7 +285,9 @@ class Executor:
         raised. On any exception the tasks are cancelled, force=True: their worker
         processes are killed, not only the queued tasks dropped."""
         ray = self._ray
-        remote = ray.remote(fn)
+        remote = ray.remote(_run_shipped)
+        if self._shipment_ref is None:
+            self._shipment_ref = ray.put(self.shipment)
         refs: list[Any] = []
 
         def wait_all() -> list[R]:
@@ -238,7 +300,7 @@ class Executor:
 
         with ThreadPoolExecutor(1, thread_name_prefix="servesim-ray") as waiter:
             try:
-                refs.extend(remote.remote(x) for x in items)
+                refs.extend(remote.remote(self._shipment_ref, fn, x) for x in items)
                 return waiter.submit(wait_all).result()
             except BaseException:
                 for ref in refs:  # a finished task's cancel does nothing
@@ -248,8 +310,9 @@ class Executor:
 
 def map_ordered(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = None,
                 backend: str = "local", address: str | None = None,
-                on_done: Callable[[int], None] | None = None) -> list[R]:
+                on_done: Callable[[int], None] | None = None,
+                shipment: dict[Any, Any] | None = None) -> list[R]:
     """One ``Executor.map`` call in its own Executor (see Executor for the arguments)."""
     with Executor(min(workers or default_workers(), max(len(items), 1)), backend,
-                  address) as ex:
+                  address, shipment) as ex:
         return ex.map(fn, items, on_done)

@@ -288,7 +288,7 @@ def build_table(results: list[tuple[Cell, dict[str, Any]]], title: str,
     t = Table(title=title, header_style="bold", **frame)
     saturated = [c.label for c, s in results if s.get("saturated")]
     if saturated:
-        t.caption = ("saturated (the queue grows over the arrival window; latency "
+        t.caption = ("saturated (a backlog built up during the run; latency "
                      f"percentiles are not steady-state): {', '.join(saturated)}")
     cached = any(s.get("prefix_cache", {}).get("mode", "none") != "none" for _, s in results)
     slots = "slots %\nuse/idle/\nempty" if layout.break_pairs else "slots %\nuse/idle/empty"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +24,9 @@ from sim.latency_stats import check_slo_seconds
 
 MIN_RATE = 1e-3
 """The lowest rate (req/s) a search probes."""
+
+Runner = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
+"""``runner(fn, items)``: fn over items in parallel, results in item order."""
 
 PEAK_BINS = 10
 """A trace's peak rate is that of the busiest of this many equal slices of its span."""
@@ -108,7 +113,8 @@ def trace_timing(cfg: RunConfig) -> TraceTiming | None:
     assert cfg.trace is not None
     w = build_workload(trace=Path(cfg.trace), trace_format=cfg.trace_format, scenario=None,
                        arrival=None, rate=None, burstiness=None, num_requests=None,
-                       window_s=cfg.window, time_scale=None, max_tokens=None, seed=0)
+                       window_s=cfg.window, time_scale=None, max_tokens=None, seed=0,
+                       tokenizer=cfg.tokenizer)
     t = np.asarray(w.arrival_time, dtype=np.float64)
     span = float(t[-1] - t[0]) if t.size else 0.0
     if t.size < 2 or not span > 0:
@@ -204,31 +210,109 @@ class SearchResult:
 
 
 def search(task: SearchTask) -> SearchResult:
-    """Bracket (doubling / halving from task.start) then bisect the load (top-level: runs
-    in workers). Concurrency is searched over integers."""
-    integer = task.load_axis == "concurrency"
-    lo: Probe | None = None
-    hi: Probe | None = None
-    probes: list[Probe] = []
-    load = max(1.0, round(task.start)) if integer else task.start
-    while len(probes) < task.max_probes:
-        cfg = with_load(task.config, task.load_axis, load, task.seed, task.trace_rate_rps)
-        p = run_probe(ProbeTask(cfg, task.slo, task.load_axis, load))
-        probes.append(p)
-        if p.error:
-            break
-        if p.feasible:
-            lo = p
-        else:
-            hi = p
-        nxt = _next_load(lo, hi, integer, task.tolerance)
-        if nxt is None:
-            break
-        load = nxt
-    error = probes[-1].error if probes and probes[-1].error else ""
-    return SearchResult(task.config_index, task.seed, tuple(probes),
-                        lo.load if lo else 0.0, lo.throughput_rps if lo else 0.0,
-                        hi.load if hi else None, error)
+    """Bracket (doubling / halving from task.start) then bisect the load, one probe after
+    another (top-level: runs in workers). Concurrency is searched over integers."""
+    return search_all([task], lambda fn, items: [fn(x) for x in items])[0]
+
+
+MAX_DEPTH = 4
+"""The most bisection levels a search probes at once (2**4 - 1 = 15 probes a round)."""
+
+
+def speculation_depth(parallelism: int, num_searches: int) -> int:
+    """Bisection levels each of ``num_searches`` searches probes per round on
+    ``parallelism`` workers: enough that the round's 2**depth - 1 probes per search fill
+    the workers (at least 1, at most MAX_DEPTH)."""
+    levels = math.ceil(math.log2(max(parallelism, 1) / max(num_searches, 1) + 1))
+    return min(max(levels, 1), MAX_DEPTH)
+
+
+def search_all(tasks: list[SearchTask], runner: Runner,
+               parallelism: int = 1) -> list[SearchResult]:
+    """Every search of ``tasks``, their probes spread over ``parallelism`` workers by
+    ``runner(fn, items)`` (in item order). Each round probes, for every unfinished
+    search, every load its next ``speculation_depth`` steps may need (the nodes of its
+    decision tree: k-section with k = 2**depth - 1); each search then follows its
+    sequential path through them. Probes are deterministic, so every search takes the
+    path, and records the probes, that ``search`` takes one at a time: the answer is the
+    same at any parallelism, only the probes off the path are spent."""
+    searches = [_Search(t) for t in tasks]
+    while active := [s for s in searches if not s.done]:
+        depth = speculation_depth(parallelism, len(active))
+        wanted = [(s, load) for s in active for load in s.loads_ahead(depth)]
+        probes = runner(search_probe, [s.probe_task(load) for s, load in wanted])
+        for (s, load), p in zip(wanted, probes, strict=True):
+            s.known[load] = p
+        for s in active:
+            s.advance()
+    return [s.result() for s in searches]
+
+
+def search_probe(task: ProbeTask) -> Probe:
+    """run_probe for a load search (top-level: runs in workers; the CLI's progress names
+    the phase by this name)."""
+    return run_probe(task)
+
+
+class _Search:
+    """One search's state: the bracket (lo, hi), the probes on its path, the load it
+    probes next, and every probe run for it so far (``known``, by load)."""
+
+    def __init__(self, task: SearchTask) -> None:
+        self.task = task
+        self.integer = task.load_axis == "concurrency"
+        self.lo: Probe | None = None
+        self.hi: Probe | None = None
+        self.path: list[Probe] = []
+        self.load: float = float(max(1.0, round(task.start)) if self.integer else task.start)
+        self.known: dict[float, Probe] = {}
+        self.done = task.max_probes < 1
+
+    def probe_task(self, load: float) -> ProbeTask:
+        t = self.task
+        cfg = with_load(t.config, t.load_axis, load, t.seed, t.trace_rate_rps)
+        return ProbeTask(cfg, t.slo, t.load_axis, load)
+
+    def loads_ahead(self, depth: int) -> list[float]:
+        """The loads the next ``depth`` steps may probe, not yet known, in tree order."""
+        out: list[float] = []
+        self._tree(self.lo, self.hi, self.load, len(self.path), depth, out)
+        return out
+
+    def _tree(self, lo: Probe | None, hi: Probe | None, load: float, n: int, depth: int,
+              out: list[float]) -> None:
+        if depth == 0 or n >= self.task.max_probes:
+            return
+        if load not in self.known and load not in out:
+            out.append(load)
+        guess = Probe(load, self.task.seed)
+        for b_lo, b_hi in ((guess, hi), (lo, guess)):  # feasible, infeasible
+            nxt = _next_load(b_lo, b_hi, self.integer, self.task.tolerance)
+            if nxt is not None:
+                self._tree(b_lo, b_hi, nxt, n + 1, depth - 1, out)
+
+    def advance(self) -> None:
+        """Follow the sequential path through the known probes as far as they reach."""
+        while not self.done and self.load in self.known:
+            p = self.known[self.load]
+            self.path.append(p)
+            if p.error:
+                self.done = True
+                break
+            if p.feasible:
+                self.lo = p
+            else:
+                self.hi = p
+            nxt = _next_load(self.lo, self.hi, self.integer, self.task.tolerance)
+            self.done = nxt is None or len(self.path) >= self.task.max_probes
+            self.load = self.load if nxt is None else nxt
+
+    def result(self) -> SearchResult:
+        t, lo, hi = self.task, self.lo, self.hi
+        error = self.path[-1].error if self.path and self.path[-1].error else ""
+        return SearchResult(t.config_index, t.seed, tuple(self.path),
+                            lo.load if lo else 0.0, lo.throughput_rps if lo else 0.0,
+                            hi.load if hi else None, error)
 
 
 def _next_load(lo: Probe | None, hi: Probe | None, integer: bool,

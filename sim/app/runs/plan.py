@@ -41,14 +41,14 @@ from sim.app.runs.load_search import (
     SearchTask,
     TraceTiming,
     run_probe,
-    search,
+    search_all,
     trace_timing,
     with_load,
 )
 from sim.app.runs.loop_comparison import LoopRun, Runner, loop_comparison
 from sim.app.runs.runner import MAX_REPLICAS, RunConfig, prepare
 from sim.app.runs.startup_checks import Refused
-from sim.app.runs.sweep import Grid
+from sim.app.runs.sweep import Grid, driver_inputs
 
 BURSTINESS_LEVELS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Gamma shapes of the burstiness evidence (CV = 1/sqrt(k); 1 = Poisson)."""
@@ -181,14 +181,16 @@ class PlanResult:
     elapsed_s: float = 0.0
 
 
-def run_plan(spec: PlanSpec, runner: Runner) -> PlanResult:
+def run_plan(spec: PlanSpec, runner: Runner, parallelism: int = 1) -> PlanResult:
     """The whole plan. ``runner(fn, items)`` maps fn over items in parallel, in order
-    (sim.app.runs.backends.map_ordered with the CLI's workers and backend)."""
+    (sim.app.runs.backends.Executor.map with the CLI's workers and backend), on
+    ``parallelism`` workers: the searches probe several loads at once to fill them
+    (load_search.search_all; the same answer at any parallelism)."""
     configs = candidates(spec)
     tasks = [SearchTask(c.index, c.config, s, spec.slo, spec.load_axis, spec.start,
                         spec.tolerance, spec.max_probes, spec.trace_rate(spec.arrival))
              for c in configs if not c.error for s in spec.seeds(spec.arrival)]
-    for res in runner(search, tasks):
+    for res in search_all(tasks, runner, parallelism):
         configs[res.config_index].searches.append(res)
         if res.error and not configs[res.config_index].error:
             configs[res.config_index].error = res.error
@@ -207,13 +209,16 @@ def run_plan(spec: PlanSpec, runner: Runner) -> PlanResult:
 def candidates(spec: PlanSpec) -> list[ConfigResult]:
     """The grid's configs, each prepared once (one request) before any search: one that
     cannot be built or run carries its error and is not searched; one vLLM refuses at
-    start-up (startup_checks.Refused) is skipped, and its note says why."""
+    start-up (startup_checks.Refused) is skipped, and its note says why. Their files are
+    absolute paths as this process finds them (sweep.driver_inputs), whatever directory
+    a worker runs in."""
     configs = []
+    base = driver_inputs(spec.base, "local")[0]
     for i, knobs in enumerate(spec.grid.cells()):
         try:
-            c = ConfigResult(i, knobs, dataclasses.replace(spec.base, **knobs))
+            c = ConfigResult(i, knobs, dataclasses.replace(base, **knobs))
         except ValueError as e:  # knobs that make no config (static with a budget)
-            configs.append(ConfigResult(i, knobs, spec.base, error=str(e)))
+            configs.append(ConfigResult(i, knobs, base, error=str(e)))
             continue
         try:
             prepare(dataclasses.replace(c.config, num_requests=1))

@@ -92,6 +92,7 @@ class RunConfig:
     roofline_per_seq_overhead_s: float | None = None
     trace: str | None = None
     trace_format: str | None = None
+    tokenizer: str | None = None
     scenario: str | None = None
     arrival: str | None = None
     rate: float | None = None
@@ -142,6 +143,8 @@ class RunConfig:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.trace is not None and not str(self.trace).strip():
             raise ValueError("trace must name a file, got an empty string")
+        if self.tokenizer is not None and self.trace is None:
+            raise ValueError("tokenizer applies only with a trace (a ShareGPT file)")
         _check_scale_out(self)
         _check_prefix_cache(self)
 
@@ -249,11 +252,12 @@ def with_policy(cfg: RunConfig, policy: str, **changes: Any) -> RunConfig:
 def config_record(cfg: RunConfig) -> dict[str, Any]:
     """config.json's fields of ``cfg``: every field, but allow_long_max_model_len only
     when set (read back, its absence is False) and the roofline_* fields only when set
-    (a run prepare resolved has them when the roofline priced it, and only then)."""
+    (a run prepare resolved has them when the roofline priced it, and only then), and
+    tokenizer only when set (only a ShareGPT trace needs one)."""
     out = dataclasses.asdict(cfg)
     if not cfg.allow_long_max_model_len:
         del out["allow_long_max_model_len"]
-    for name in ROOFLINE_FIELDS:
+    for name in (*ROOFLINE_FIELDS, "tokenizer"):
         if out[name] is None:
             del out[name]
     return out

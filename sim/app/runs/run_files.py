@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from sim.app.runs.config_file import VERSION, trace_record
+from sim.app.runs.extra_outputs import Extras, write_extras
 from sim.app.runs.out_dir import commit_dirs, stage_dir
 from sim.app.runs.run_config import config_record
 from sim.app.runs.runner import Prepared
@@ -43,19 +44,20 @@ def resolved_config(prep: Prepared) -> dict[str, Any]:
 
 
 def write_run(out_dir: Path, prep: Prepared, result: SimResult,
-              full_steps: bool = False) -> None:
+              full_steps: bool = False, extras: Extras | None = None) -> None:
     """Write requests.csv, steps.csv, summary.json and config.json into ``out_dir``,
     whole or not at all (sim/app/runs/out_dir.py: staged in a temporary sibling that replaces
     ``out_dir`` once every file is complete). steps.csv is run-length compressed
     (metrics.compress_steps) unless ``full_steps``; its ``num_steps`` column says how many
     steps each row stands for. Raises ValueError when ``out_dir`` may not be replaced
     (out_dir.check_run_dir: a file, the current directory, or a directory that is not a
-    previous run)."""
-    commit_dirs([(stage_run(out_dir, prep, result, full_steps), Path(out_dir))])
+    previous run). ``extras``: the optional files also written
+    (sim/app/runs/extra_outputs.py)."""
+    commit_dirs([(stage_run(out_dir, prep, result, full_steps, extras), Path(out_dir))])
 
 
 def stage_run(out_dir: Path, prep: Prepared, result: SimResult,
-              full_steps: bool = False) -> Path:
+              full_steps: bool = False, extras: Extras | None = None) -> Path:
     """write_run's files in a temporary sibling of ``out_dir``, returned for
     out_dir.commit_dirs (which swaps it in), so that several runs can be swapped in
     together once all are written."""
@@ -68,5 +70,7 @@ def stage_run(out_dir: Path, prep: Prepared, result: SimResult,
         write_csv(tmp / "steps.csv", steps)
         (tmp / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
+        if extras is not None:
+            write_extras(tmp, prep, result, extras)
 
     return stage_dir(out_dir, write)

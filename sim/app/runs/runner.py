@@ -147,7 +147,7 @@ def _workload(cfg: RunConfig) -> Workload:
         scenario=cfg.scenario, arrival=cfg.arrival, rate=cfg.rate,
         burstiness=cfg.burstiness, num_requests=cfg.num_requests, window_s=cfg.window,
         time_scale=cfg.time_scale, max_tokens=cfg.max_tokens, seed=cfg.seed,
-        trace_sample=sample_trace(cfg),
+        trace_sample=sample_trace(cfg), tokenizer=cfg.tokenizer,
     )
 
 
@@ -271,11 +271,19 @@ def _load_profile(path: str) -> Profile:
 def _model_spec(cfg: RunConfig, profile: Profile | None) -> tuple[RunConfig, ModelSpec]:
     """The model's spec, and ``cfg`` naming it. A profile prices steps of the model it
     measured, so that model also sizes the KV cache; a ``model`` that is another model is
-    refused (ValueError naming --model and --profile), and so is a ``dtype`` other than
-    the profile's (its steps were measured in that dtype)."""
+    refused (ValueError naming --model and --profile), and so are a ``dtype`` other than
+    the profile's, a quantization and a KV-cache dtype (its steps were measured in the
+    profile's dtype, unquantized)."""
     assert cfg.model is not None, "RunConfig resolves the model"
     if profile is None:
         return cfg, resolve_model(cfg.model)
+    for flag, value in (("--quantization", cfg.quantization),
+                        ("--kv-cache-dtype", None if cfg.kv_cache_dtype == "auto"
+                         else cfg.kv_cache_dtype)):
+        if value is not None:
+            raise ValueError(f"{flag} {value} conflicts with --profile {cfg.profile}: its "
+                             "step costs were measured without it (calibrate a profile "
+                             "with it, or use the roofline model)")
     if cfg.dtype != profile.dtype:
         raise ValueError(f"--dtype {cfg.dtype} conflicts with --profile {cfg.profile}, "
                          f"measured in {profile.dtype} (its step costs and KV bytes are "

@@ -20,8 +20,10 @@ from typing import Any
 
 import pandas as pd
 
+from scenarios.trace_cache import PROCESS_CACHE
 from sim.app.runs.axes import AXES, LOAD_AXES
 from sim.app.runs.backends import map_ordered
+from sim.app.runs.config_file import absolute_paths
 from sim.app.runs.runner import (
     RunConfig,
     check_config,
@@ -208,12 +210,26 @@ def run_sweep(base: RunConfig, grid: Grid, *, workers: int | None = None,
     missing trace, an unknown model) fail at once with one ValueError instead of once
     per cell, while a cell of its own that cannot run gives an error row.
     """
+    base, shipment = driver_inputs(base, backend)
     tasks = cell_tasks(base, grid, think_time)
     check_cells(base, grid, think_time=think_time)
     rows = map_ordered(run_cell, tasks, workers=workers, backend=backend, address=address,
-                       on_done=on_done)
+                       on_done=on_done, shipment=shipment)
     columns = ["cell", "seed", *grid.axes, *METRICS, "error"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def driver_inputs(cfg: RunConfig, backend: str) -> tuple[RunConfig, dict[Any, Any]]:
+    """``cfg`` with its files as absolute paths, as this process (the driver) finds them,
+    so that a worker in another directory reads the same files; and, for the ray
+    backend, the parsed trace for its workers (Executor's shipment; empty otherwise),
+    read here once. FileNotFoundError or ValueError for a trace that cannot be read."""
+    assert cfg.model is not None and cfg.gpu is not None, "RunConfig resolves them"
+    cfg = dataclasses.replace(cfg, **absolute_paths(cfg.trace, cfg.profile, cfg.policy,
+                                                    cfg.model, cfg.gpu))
+    if backend != "ray" or cfg.trace is None:
+        return cfg, {}
+    return cfg, PROCESS_CACHE.ship(cfg.trace, cfg.trace_format)
 
 
 def check_cells(base: RunConfig, grid: Grid,

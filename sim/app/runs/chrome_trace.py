@@ -1,0 +1,204 @@
+"""A run as a Chrome trace (chrome_trace.json, written by ``servesim run --chrome-trace``):
+the Trace Event Format that Perfetto (ui.perfetto.dev) and chrome://tracing open.
+
+Owns the layout. Each replica is a process ("replica 0", ...). In it:
+
+- thread "steps": one complete event ("X") per steps.csv row, run-length compressed as
+  steps.csv is by default (metrics.compress_steps: ``num_steps`` steps of one composition
+  share one event), named by the batch's composition (prefill, decode, mixed), with the
+  row's counts as args; the first MAX_STEP_EVENTS rows of the run, shared equally by
+  the replicas.
+- counters ("C"): vLLM's gauges ``num_requests_running`` (the step's batch),
+  ``num_requests_waiting`` and ``kv_cache_usage_perc`` (blocks used / usable blocks, a
+  fraction as vLLM's gauge is), over the whole run: one point per step, or, for a run of
+  more than COUNTER_POINTS steps, one per equal time bucket holding the bucket's peak (as
+  the report's timeline does), so the file stays bounded.
+- threads "requests N": one "X" event per finished request from arrival to finish,
+  holding nested ``queued`` (arrival to first scheduled), ``prefill`` (to first token)
+  and ``decode`` (to finish) events; requests are laid into as few threads as keep
+  their spans apart. The first MAX_REQUEST_SPANS requests by arrival.
+
+Times are whole microseconds from the run's start (integers, so nested events nest
+exactly after Perfetto converts them to nanoseconds). ``otherData`` says what was cut.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import numpy as np
+
+from sim.metrics import compress_steps
+from sim.request import RequestStatus
+from sim.table import Table, column
+
+#: Step events in the whole trace, shared equally by the replicas; later steps appear in
+#: the counters only.
+MAX_STEP_EVENTS = 50_000
+#: Request spans in the whole trace (the earliest arrivals).
+MAX_REQUEST_SPANS = 10_000
+#: Counter points per gauge per replica (the report's TIMELINE_POINTS).
+COUNTER_POINTS = 2000
+#: Thread ids: the step thread, then the request lanes.
+STEP_TID = 0
+
+
+def chrome_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[str, Any]:
+    """The trace of a run's request and step tables (metrics.REQUEST_COLUMNS and
+    STEP_COLUMNS, with a ``replica`` column for a cluster; seconds) as the Trace Event
+    Format's JSON object. ``num_gpu_blocks`` (per replica) scales kv_cache_usage_perc."""
+    events: list[dict[str, Any]] = []
+    rep_steps = _replica_column(steps)
+    rep_reqs = _replica_column(requests)
+    replicas = sorted(set(rep_steps.tolist()) | set(rep_reqs.tolist()))
+    step_rows = 0
+    step_cap = MAX_STEP_EVENTS // max(len(replicas), 1)
+    for r in replicas:
+        pid = r + 1
+        events += [_meta("process_name", pid, None, f"replica {r}"),
+                   _meta("process_sort_index", pid, None, r),
+                   _meta("thread_name", pid, STEP_TID, "steps")]
+        mine = {c: v[rep_steps == r] for c, v in steps.items()}
+        events += _counters(mine, pid, num_gpu_blocks)
+        step_events = _step_events(mine, pid, step_cap)
+        step_rows += len(step_events)
+        events += step_events
+    spans, num_spans = _request_events(requests, rep_reqs)
+    events += spans
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {
+        "source": "servesim", "step_events": step_rows,
+        "max_step_events_per_replica": step_cap,
+        "request_spans": num_spans, "max_request_spans": MAX_REQUEST_SPANS,
+        "counter_points_per_replica": COUNTER_POINTS}}
+
+
+def _replica_column(table: Table) -> np.ndarray:
+    """The ``replica`` column, or zeros for a single engine's table."""
+    n = len(column(table, next(iter(table))))
+    return (column(table, "replica").astype(np.int64) if "replica" in table
+            else np.zeros(n, dtype=np.int64))
+
+
+def _us(t_s: np.ndarray | float) -> np.ndarray:
+    """Seconds as whole microseconds (int64)."""
+    return np.rint(np.asarray(t_s, dtype=np.float64) * 1e6).astype(np.int64)
+
+
+def _meta(name: str, pid: int, tid: int | None, value: str | int) -> dict[str, Any]:
+    """A metadata ("M") event naming (or ordering) a process or thread."""
+    key = "sort_index" if name.endswith("sort_index") else "name"
+    ev: dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "args": {key: value}}
+    if tid is not None:
+        ev["tid"] = tid
+    return ev
+
+
+def _step_events(steps: Table, pid: int, cap: int) -> list[dict[str, Any]]:
+    """One "X" event per compressed step row, the first ``cap``."""
+    rows = compress_steps(steps)
+    n = min(len(rows["start_time"]), cap)
+    start = _us(rows["start_time"][:n])
+    end = _us(rows["start_time"][:n] + rows["duration_s"][:n])
+    end[:-1] = np.minimum(end[:-1], start[1:])  # a summed duration's rounding never overlaps
+    keys = ("num_steps", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
+            "num_waiting", "kv_blocks_used", "num_preempted")
+    cols = {k: rows[k][:n].tolist() for k in keys}
+    out = []
+    for i in range(n):
+        pre, dec = cols["num_prefill_tokens"][i], cols["num_decode_tokens"][i]
+        name = "mixed" if pre and dec else "prefill" if pre else "decode"
+        out.append({"ph": "X", "name": name, "cat": "step", "pid": pid, "tid": STEP_TID,
+                    "ts": int(start[i]), "dur": int(end[i] - start[i]),
+                    "args": {k: cols[k][i] for k in keys}})
+    return out
+
+
+def _counters(steps: Table, pid: int, num_gpu_blocks: int) -> list[dict[str, Any]]:
+    """The three gauges at each step start, or each bucket's peak at its start."""
+    t = column(steps, "start_time")
+    gauges = {"num_requests_running": column(steps, "num_seqs").astype(np.float64),
+              "num_requests_waiting": column(steps, "num_waiting").astype(np.float64),
+              "kv_cache_usage_perc": column(steps, "kv_blocks_used")
+              / max(num_gpu_blocks - 1, 1)}
+    if len(t) > COUNTER_POINTS:
+        t, gauges = _bucket_peaks(t, gauges)
+    ts = _us(t).tolist()
+    out = []
+    for name, values in gauges.items():
+        for when, v in zip(ts, values.tolist(), strict=True):
+            out.append({"ph": "C", "name": name, "pid": pid, "ts": when,
+                        "args": {name: v}})
+    return out
+
+
+def _bucket_peaks(t: np.ndarray, gauges: dict[str, np.ndarray]
+                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """COUNTER_POINTS equal time buckets over ``t``: each non-empty bucket's start and
+    the largest value of each gauge in it."""
+    t0, t1 = float(t[0]), float(t[-1])
+    width = (t1 - t0) / COUNTER_POINTS or 1.0
+    idx = np.minimum(((t - t0) / width).astype(np.int64), COUNTER_POINTS - 1)
+    used = np.unique(idx)
+    peaks = {}
+    for name, v in gauges.items():
+        p = np.full(COUNTER_POINTS, -np.inf)
+        np.maximum.at(p, idx, v)
+        peaks[name] = p[used]
+    return t0 + used * width, peaks
+
+
+def _request_events(requests: Table, replica: np.ndarray
+                    ) -> tuple[list[dict[str, Any]], int]:
+    """The finished requests' spans (the first MAX_REQUEST_SPANS by arrival), each in
+    the lowest request thread of its replica that is free at its arrival; and how many."""
+    done = column(requests, "status") == RequestStatus.FINISHED.value
+    order = np.flatnonzero(done)
+    order = order[np.argsort(column(requests, "arrival_time")[order],
+                             kind="stable")][:MAX_REQUEST_SPANS]
+    a, s, f, e = (_us(column(requests, c)[order]).tolist() for c in (
+        "arrival_time", "first_scheduled_time", "first_token_time", "finish_time"))
+    ids = column(requests, "request_id")[order].tolist()
+    n_in = column(requests, "num_prompt_tokens")[order].tolist()
+    n_out = column(requests, "num_output_tokens")[order].tolist()
+    n_pre = column(requests, "num_preemptions")[order].tolist()
+    reps = replica[order].tolist()
+    lanes: dict[int, _Lanes] = {}
+    events: list[dict[str, Any]] = []
+    for i in range(len(order)):
+        pid = reps[i] + 1
+        lane_set = lanes.setdefault(pid, _Lanes())
+        tid, new = lane_set.take(a[i], e[i])
+        if new:
+            events.append(_meta("thread_name", pid, tid, f"requests {tid - 1}"))
+        common = {"ph": "X", "cat": "request", "pid": pid, "tid": tid}
+        events.append({**common, "name": f"request {ids[i]}", "ts": a[i],
+                       "dur": e[i] - a[i], "args": {
+                           "num_prompt_tokens": n_in[i], "num_output_tokens": n_out[i],
+                           "num_preemptions": n_pre[i]}})
+        for name, t0, t1 in (("queued", a[i], s[i]), ("prefill", s[i], f[i]),
+                             ("decode", f[i], e[i])):
+            events.append({**common, "name": name, "ts": t0, "dur": t1 - t0})
+    return events, len(order)
+
+
+class _Lanes:
+    """A replica's request threads: the lowest thread free at a span's start."""
+
+    def __init__(self) -> None:
+        self._busy: list[tuple[int, int]] = []  # (end_us, tid) of spans in progress
+        self._free: list[int] = []
+        self._count = 0
+
+    def take(self, start_us: int, end_us: int) -> tuple[int, bool]:
+        """The thread id for a span [start_us, end_us], and whether it is new."""
+        while self._busy and self._busy[0][0] <= start_us:
+            heapq.heappush(self._free, heapq.heappop(self._busy)[1])
+        new = not self._free
+        if new:
+            self._count += 1
+            tid = STEP_TID + self._count
+        else:
+            tid = heapq.heappop(self._free)
+        heapq.heappush(self._busy, (end_us, tid))
+        return tid, new
