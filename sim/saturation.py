@@ -326,6 +326,8 @@ def saturation_summary(requests: Table) -> dict[str, Any]:
     order = np.argsort(arrival, kind="stable")
     arrival = arrival[order]
     scheduled = column(requests, "first_scheduled_time").astype(np.float64)[order]
+    if not np.isfinite(scheduled).any():  # no queue formed: nothing was ever admitted
+        return _not_measured("no request was served: every one was rejected")
     finish = column(requests, "finish_time").astype(np.float64)[order]
     leave = np.where(np.isfinite(scheduled), scheduled, arrival)
     q = _queue(arrival, leave)

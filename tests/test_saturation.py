@@ -157,14 +157,17 @@ def test_an_overload_a_growing_batch_still_absorbs_is_saturated(tmp_path: Path) 
 
 
 def test_a100_conversation_trace_at_1_4x_is_saturated(tmp_path: Path) -> None:
-    # The full trace (checked by hand) peaks at 3,260 waiting at 1,783 s and drains after
-    # arrivals end; its first 1,500 requests already show the backlog growing from 115 s.
+    # The full trace peaks at 3,260 waiting at 1,783 s and drains after arrivals end
+    # (TTFT p50 291 s); its first 1,500 requests already show the backlog growing.
     summary, text = run(tmp_path, "--trace", shared(CONV), "--gpu", "a100-40gb",
                         "--max-model-len", "32768", "--gpu-memory-utilization", "0.8",
                         "--time-scale", "1.4", "--num-requests", "1500")
     assert summary["saturated"] is True
     sat = summary["saturation"]
-    assert sat["growth_window_s"][0] == pytest.approx(115.2, abs=0.1)
+    # The backlog grows inside the arrival window and is still there when arrivals end.
+    t0, t1 = sat["arrival_window_s"]
+    assert t0 <= sat["growth_window_s"][0] < sat["growth_window_s"][1] <= t1
+    assert sat["backlog_growth"] > sat["noise_floor"]
     assert sat["backlog_at_end_of_arrivals"] > 100
     assert "still waiting when arrivals ended" in text
 
@@ -173,7 +176,10 @@ def test_h100_conversation_trace_at_4_5x_is_saturated(tmp_path: Path) -> None:
     summary, _ = run(tmp_path, "--trace", shared(CONV), "--time-scale", "4.5",
                      "--num-requests", "1500")
     assert summary["saturated"] is True
-    assert summary["saturation"]["growth_window_s"][0] == pytest.approx(43.3, abs=0.1)
+    sat = summary["saturation"]
+    t0, t1 = sat["arrival_window_s"]
+    assert t0 <= sat["growth_window_s"][0] < sat["growth_window_s"][1] <= t1
+    assert sat["backlog_growth"] > sat["noise_floor"] and sat["backlog_at_end_of_arrivals"] > 0
 
 
 def test_a_few_seconds_of_clustered_trace_arrivals_are_a_burst_not_saturation(
@@ -199,3 +205,13 @@ def test_heavy_tailed_outputs_at_three_quarters_load_are_steady(tmp_path: Path,
     b = summary["saturation"]["in_system"]
     assert summary["saturated"] is False
     assert b["at_end_of_arrivals"] <= b["first_half_peak"]
+
+
+def test_a_run_that_served_nothing_is_not_judged(tmp_path: Path) -> None:
+    # Default prompts are lognormal, median 1,020 tokens, sigma 0.498: one of at most 64
+    # tokens lies 5.6 sd below the median (probability about 1e-8), so all 8 are rejected.
+    summary, text = run(tmp_path, "--num-requests", "8", "--max-model-len", "64",
+                        "--max-num-batched-tokens", "64")
+    assert summary["num_finished"] == 0 and summary["saturated"] is False
+    assert summary["saturation"]["measured"] is False
+    assert "every one was rejected" in text

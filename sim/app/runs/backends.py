@@ -9,10 +9,11 @@ asked for. With ``address`` it joins an existing cluster; without, it starts a l
 instance for the block and shuts it down after, unless ray is already initialised in
 this process (then that instance is used and left running). A cluster needs only Ray and
 servesim's dependencies (numpy, pandas, simpy, ...): servesim's own packages travel with
-every task of a joined cluster (ray_runtime_env, Ray's py_modules), and the files a run reads are read here, in
-the driver: the caller resolves their paths (sim/app/runs/sweep.py, plan.py) and gives
-the parsed trace as ``shipment`` (scenarios/trace_cache.py), put in Ray's object store
-once and installed in each worker's trace cache, so no worker opens the trace file.
+every task of a joined cluster (ray_runtime_env, Ray's py_modules), and the files a run
+reads are read here, in the driver: the caller resolves their paths
+(sim/app/runs/sweep.py, plan.py) and gives the parsed trace as ``shipment``
+(scenarios/trace_cache.py), put in Ray's object store once and installed in each
+worker's trace cache, so no worker opens the trace file.
 
 Local workers start with the ``forkserver`` method where there is one (a clean,
 single-threaded parent, whatever threads the CLI's progress bar runs): as with any
