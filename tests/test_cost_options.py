@@ -114,11 +114,16 @@ def test_a_cuda_profile_runs_on_the_gpu_its_device_name_names(tmp_path: Path) ->
     assert (cfg["max_num_seqs"], cfg["max_num_batched_tokens"]) == (256, 2048)  # an L4's
     refused(invoke("run", *FEW, "--profile", cuda_profile(tmp_path, "NVIDIA L4"), "--gpu",
                    "a100-40gb", "--out", str(tmp_path / "x")), "--gpu a100-40gb conflicts")
-    refused(invoke("run", *FEW, "--profile", cuda_profile(tmp_path, "NVIDIA H100 80GB HBM3"),
-                   "--out", str(tmp_path / "x")), "give --gpu one of h100-sxm, h100-pcie")
+    # torch names the SXM H100 by its memory and the PCIe board "H100 PCIe".
     _, cfg = run(tmp_path, "--profile", cuda_profile(tmp_path, "NVIDIA H100 80GB HBM3"),
-                 "--gpu", "h100-pcie", name="pcie")
-    assert cfg["gpu"] == "h100-pcie"
+                 name="sxm")
+    assert cfg["gpu"] == "h100-sxm"
+    refused(invoke("run", *FEW, "--profile", cuda_profile(tmp_path, "NVIDIA H100 80GB HBM3"),
+                   "--gpu", "h100-pcie", "--out", str(tmp_path / "x")),
+            "--gpu h100-pcie conflicts", "give --gpu h100-sxm")
+    # Two presets of one chip that the name does not tell apart: the user says which.
+    refused(invoke("run", *FEW, "--profile", cuda_profile(tmp_path, "NVIDIA A100"),
+                   "--out", str(tmp_path / "x")), "give --gpu one of a100-40gb, a100-80gb")
 
 
 def test_device_names_as_torch_writes_them() -> None:
@@ -126,7 +131,10 @@ def test_device_names_as_torch_writes_them() -> None:
 
     assert device_gpus("NVIDIA GeForce RTX 4090") == ("rtx-4090",)
     assert device_gpus("NVIDIA L40S") == ("l40s",)  # not l4
-    assert device_gpus("NVIDIA A100-SXM4-80GB") == ("a100-40gb", "a100-80gb")
+    assert device_gpus("NVIDIA A100-SXM4-80GB") == ("a100-80gb",)  # the size tells
+    assert device_gpus("NVIDIA A100-SXM4-40GB") == ("a100-40gb",)
+    assert device_gpus("NVIDIA H100 PCIe") == ("h100-pcie",)
+    assert device_gpus("NVIDIA H200 141GB HBM3e") == ("h200-sxm",)  # 140 GiB preset
     assert device_gpus("AMD Instinct MI300X") == ("mi300x",)
     assert device_gpus("NVIDIA A10G") == ()
 

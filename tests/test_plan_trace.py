@@ -128,3 +128,18 @@ def test_cli_plan_arrival_bad_input(tmp_path: Path, args: list[str], word: str) 
                               "--out", str(out), *[files.get(a, a) for a in args]])
     assert res.exit_code == 1 and word in " ".join(res.output.split()), res.output
     assert not out.exists()
+
+
+def test_options_a_trace_timed_plan_does_not_use_are_named(tmp_path: Path) -> None:
+    """--num-requests and --check-requests shape re-timed probes; a plan on the trace's
+    own timing replays all 140 requests, and says it ignores them."""
+    res = runner.invoke(app, ["plan", "--trace", str(write_trace(tmp_path / "b.csv")),
+                              *PLAN, "--target-rate", "3", "--arrival", "trace",
+                              "--check-requests", "50", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert warned == ["warning: --num-requests, --check-requests shape re-timed probes "
+                      "only: --arrival trace replays the whole trace in order (cut it with "
+                      "--window)"]
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["trace_timing"][
+        "num_requests"] == 140

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sim.app.cli.common import INPUT_ERRORS, ProgressDisplay, console, fail, progress_bar
+from sim.app.cli.common import INPUT_ERRORS, ProgressDisplay, console, fail, progress_bar, warn
 from sim.app.cli.option_values import config_options
 from sim.app.cli.options import (
     CHUNKED_SWITCH,
@@ -180,6 +180,7 @@ def plan(
               "tolerance": tolerance, "max_probes": max_probes,
               "check_requests": check_requests, "arrival": arrival}
     opts = config_options(ctx, opts, PLAN_AXES)
+    _warn_unused_with_trace_timing(ctx, arrival)
     try:
         spec = _plan_spec(opts, search)
         executor = Executor(workers, backend, address, driver_inputs(spec.base, backend)[1])
@@ -202,6 +203,21 @@ def plan(
     for line in answer_lines(res):
         console.print("- " + _rich(line), highlight=False)
     console.print(f"planned in {res.elapsed_s:,.1f} s; wrote " + ", ".join(map(str, paths)))
+
+
+def _warn_unused_with_trace_timing(ctx: typer.Context, arrival: str) -> None:
+    """One warning line naming the options given that a trace-timed plan does not use:
+    its probes replay the whole trace (or its --window) in order, on one seed."""
+    if arrival != "trace":
+        return
+    unused = []
+    for name in ("num_requests", "trace_sample", "check_requests"):
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            unused.append("--" + name.replace("_", "-"))
+    if unused:
+        warn(f"{', '.join(unused)} shape re-timed probes only: --arrival trace replays the "
+             "whole trace in order (cut it with --window)")
 
 
 def _plan_spec(opts: dict[str, Any], a: dict[str, Any]) -> Any:

@@ -43,9 +43,21 @@ def chip(gpu_name: str) -> str:
 
 def device_gpus(device_name: str) -> tuple[str, ...]:
     """The GPU presets whose chip ``device_name`` (as torch.cuda.get_device_name writes it:
-    ``NVIDIA H100 80GB HBM3``, ``NVIDIA GeForce RTX 4090``) names as one of its words."""
+    ``NVIDIA H100 80GB HBM3``, ``NVIDIA GeForce RTX 4090``) names as one of its words;
+    where the name also gives the memory (``40GB``) only the presets of that size, and
+    the PCIe board only where it says PCIe (torch names an SXM part by its memory:
+    ``NVIDIA H100 80GB HBM3``, ``NVIDIA A100-SXM4-40GB``)."""
     words = set(re.split(r"[\s_-]+", re.sub(r"RTX[\s_-]*", "RTX", device_name.upper())))
-    return tuple(g for g in list_gpus() if chip(g) in words)
+    found = [g for g in list_gpus() if chip(g) in words]
+    sizes = {int(w[:-2]) for w in words if re.fullmatch(r"\d+GB", w)}
+    if sizes:
+        # Within 3%: torch's name rounds to the label (141GB on a 140 GiB H200 preset).
+        found = [g for g in found if any(abs(get_gpu(g).memory_bytes / (1 << 30) - gb)
+                                         <= 0.03 * gb for gb in sizes)]
+    pcie = [g for g in found if "PCIE" in g.upper()]
+    if pcie and len(pcie) < len(found):
+        found = pcie if "PCIE" in words else [g for g in found if g not in pcie]
+    return tuple(found)
 
 
 def default_device(profile: Profile | None, path: str | None) -> str:
