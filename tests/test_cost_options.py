@@ -91,6 +91,11 @@ def test_the_cpu_cache_is_resized_by_hand_within_a_socket(tmp_path: Path) -> Non
                    "--out", str(tmp_path / "x")), "num_gpu_blocks", "CPU socket")
 
 
+def test_gpu_memory_utilization_is_refused_on_a_profiles_cpu(tmp_path: Path) -> None:
+    refused(invoke("run", *FEW, "--profile", PROFILE, "--gpu-memory-utilization", "0.5",
+                   "--out", str(tmp_path / "x")), "gpu_memory_utilization 0.5 applies to a GPU")
+
+
 def test_a_gpu_that_is_not_the_profiles_device_is_refused(tmp_path: Path) -> None:
     out = ("--out", str(tmp_path / "x"))
     refused(invoke("run", *FEW, "--profile", PROFILE, "--gpu", "h100-sxm", *out),

@@ -151,6 +151,9 @@ def _workload(cfg: RunConfig) -> Workload:
     )
 
 
+#: RunConfig's gpu_memory_utilization default (vLLM's), the one value a CPU run may have.
+DEFAULT_GPU_MEMORY_UTILIZATION = RunConfig.__dataclass_fields__["gpu_memory_utilization"].default
+
 #: What prepare's engine side resolves (see _engine).
 _Engine = tuple[RunConfig, SchedulerConfig, int, KVCachePlan, CostModel, str, ModelSpec,
                 "MeasuredRange | None"]
@@ -186,6 +189,10 @@ def _engine(cfg: RunConfig) -> _Engine:
                  long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                  context_limit=limit)
     kv_bytes = cfg.kv_cache_memory_bytes
+    if gpu is None and cfg.gpu_memory_utilization != DEFAULT_GPU_MEMORY_UTILIZATION:
+        raise ValueError(f"gpu_memory_utilization {cfg.gpu_memory_utilization:g} applies to a "
+                         f"GPU; on --profile {cfg.profile}'s CPU the KV cache is the profile's "
+                         "(--kv-cache-memory or --num-gpu-blocks resizes it)")
     if gpu is None and kv_bytes is None:  # the profile's CPU: the cache it was measured with
         assert profile is not None, "a run on the CPU has a profile (run_device)"
         kv_bytes = profile_kv_cache_bytes(profile, cfg.profile)
