@@ -59,15 +59,17 @@ def _first_keys(line: str) -> list[str] | None:
 
 
 def load_json(path: Path, lines: list[str], fmt: str,
-              tokenizer: Path | str | None = None) -> Workload:
+              tokenizer: Path | str | None = None,
+              stop: mooncake.StopFn | None = None) -> Workload:
     """Read ``lines`` of ``path`` as the JSON format ``fmt``. ``tokenizer``: a
-    tokenizer.json, for ShareGPT only. Raises ValueError as each reader does, and for a
-    tokenizer given with another format."""
+    tokenizer.json, for ShareGPT only; ``stop``: when a Mooncake file's rows read so far
+    hold the cut (mooncake.load_workload). Raises ValueError as each reader does, and
+    for a tokenizer given with another format."""
     if fmt == "sharegpt":
         return sharegpt.load_workload(path, lines, tokenizer)
     if tokenizer is not None:
         raise ValueError(f"--tokenizer applies to ShareGPT JSON only; {path.name} is "
                          f"{fmt}, with token counts of its own")
     if fmt == "mooncake":
-        return mooncake.load_workload(path, lines)
+        return mooncake.load_workload(path, lines, stop)
     return vllm_bench.load_workload(path, lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,12 @@ from scenarios.workload import Workload
 
 _INT_MAX = 2**63 - 1
 _FIELDS = (("timestamp", 0), ("input_length", 1), ("output_length", 1))
+
+#: Lines between two looks at whether a cut is met (``load_workload``'s ``stop``).
+BATCH_LINES = 1 << 14
+
+#: Told each batch's arrival times (s, in file order); True once the cut is met.
+StopFn = Callable[[np.ndarray], bool]
 
 
 @functools.cache
@@ -42,13 +49,21 @@ def _fast_decoder() -> tuple[Any, Any] | None:
     return msgspec.json.Decoder(list[row]), msgspec.UNSET
 
 
-def load_workload(path: Path, lines: list[str]) -> Workload:
+def load_workload(path: Path, lines: list[str], stop: StopFn | None = None) -> Workload:
     """The ``mooncake`` trace loader: ``lines`` (the file's, blank ones skipped) as a
-    Workload. Raises ValueError naming the file, the line and the field of the first bad
-    row, or the file for a bad workload (Workload.from_arrays)."""
-    rows = _fast_rows(lines)
-    columns = _checked_columns(path, lines) if rows is None else rows
-    ms, prompt, out, hashes = columns
+    Workload; with ``stop``, read in batches of BATCH_LINES until ``stop`` says the rows
+    read hold the cut (lines after it are not parsed). Raises ValueError naming the file,
+    the line and the field of the first bad row read, or the file for a bad workload
+    (Workload.from_arrays)."""
+    step = len(lines) if stop is None else BATCH_LINES
+    parts: list[_Columns] = []
+    for start in range(0, len(lines), max(step, 1)):
+        batch = lines[start:start + step]
+        rows = _fast_rows(batch)
+        parts.append(_checked_columns(path, batch, start + 1) if rows is None else rows)
+        if stop is not None and stop(np.asarray(parts[-1][0], dtype=np.float64) / 1000.0):
+            break
+    ms, prompt, out, hashes = parts[0] if len(parts) == 1 else _joined(parts)
     arrival = np.asarray(ms, dtype=np.float64) / 1000.0
     try:
         return Workload.from_arrays(arrival, prompt, out, hash_ids=hashes,
@@ -59,6 +74,16 @@ def load_workload(path: Path, lines: list[str]) -> Workload:
 
 _Columns = tuple[np.ndarray | list[int], np.ndarray | list[int], np.ndarray | list[int],
                  list[tuple[int, ...]] | None]
+
+
+def _joined(parts: list[_Columns]) -> _Columns:
+    """Batches' columns one after the other; rows without hash_ids get () when any has."""
+    ms, prompt, out = (np.concatenate([np.asarray(p[k], dtype=np.int64) for p in parts])
+                       for k in range(3))
+    if all(p[3] is None for p in parts):
+        return ms, prompt, out, None
+    hashes = [h for p in parts for h in (p[3] if p[3] is not None else [()] * len(p[0]))]
+    return ms, prompt, out, hashes
 
 
 def _fast_rows(lines: list[str]) -> _Columns | None:
@@ -105,15 +130,16 @@ def _int_field(obj: dict[str, object], field: str, where: str, minimum: int) -> 
     return value
 
 
-def _checked_columns(path: Path, lines: list[str]) -> _Columns:
+def _checked_columns(path: Path, lines: list[str], first_line: int = 1) -> _Columns:
     """The columns, each line parsed and checked by the standard library; ValueError
-    naming the line and the field at the first fault."""
+    naming the line (``lines[0]`` is the file's line ``first_line``) and the field at
+    the first fault."""
     ms: list[int] = []
     prompt: list[int] = []
     out: list[int] = []
     hashes: list[tuple[int, ...]] = []
     any_hashes = False
-    for n, line in enumerate(lines, start=1):
+    for n, line in enumerate(lines, start=first_line):
         if not line.strip():
             continue
         where = f"{path.name} line {n}"

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from scenarios.request_ids import RequestIds
+
 _INT_FIELDS = ("num_prompt_tokens", "output_len", "max_tokens", "priority")
 _POSITIVE_FIELDS = ("num_prompt_tokens", "output_len", "max_tokens")
 
@@ -30,7 +32,7 @@ def _frozen(values: npt.ArrayLike, dtype: type[np.generic], name: str) -> np.nda
         bad = np.flatnonzero(arr != np.round(arr))
         if bad.size:
             raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]!r} is not an integer")
-    arr = arr.astype(dtype)
+    arr = arr.astype(dtype, copy=False)  # already a private copy
     arr.setflags(write=False)
     return arr
 
@@ -48,7 +50,8 @@ class Workload:
     - ``max_tokens``: int64 >= 1, the client's cap (``Workload.from_arrays`` defaults it to
       ``output_len``).
     - ``priority``: int64, lower = more urgent (default 0).
-    - ``request_id``: unique strings (default ``"0", "1", ...`` = input row index).
+    - ``request_id``: unique strings (default ``"0", "1", ...`` = input row index) as a
+      RequestIds (scenarios/request_ids.py: default ids are held as int64 row numbers).
     - ``hash_ids``: optional Mooncake prefix-block hashes (512 tokens per block) per request.
     - ``prompt_segments``: optional prompt content per request as (segment id, tokens)
       pairs summing to its num_prompt_tokens (synthetic shared prefixes and sessions; see
@@ -69,7 +72,7 @@ class Workload:
     output_len: np.ndarray
     max_tokens: np.ndarray
     priority: np.ndarray
-    request_id: tuple[str, ...]
+    request_id: RequestIds
     hash_ids: tuple[tuple[int, ...], ...] | None = None
     source: str = ""
     prompt_segments: tuple[tuple[tuple[int, int], ...], ...] | None = None
@@ -80,7 +83,7 @@ class Workload:
         )
         for name in _INT_FIELDS:
             object.__setattr__(self, name, _frozen(getattr(self, name), np.int64, name))
-        object.__setattr__(self, "request_id", tuple(str(r) for r in self.request_id))
+        object.__setattr__(self, "request_id", RequestIds.from_names(self.request_id))
         if self.hash_ids is not None:
             hashes = tuple(tuple(int(h) for h in row) for row in self.hash_ids)
             object.__setattr__(self, "hash_ids", hashes)
@@ -118,7 +121,7 @@ class Workload:
                 f"arrival_time must be non-decreasing: arrival_time[{i}] = {t[i]} < "
                 f"arrival_time[{i - 1}] = {t[i - 1]} (use Workload.from_arrays to sort)"
             )
-        if len(set(self.request_id)) != n:
+        if not self.request_id.all_unique():
             raise ValueError("request_id values must be unique")
 
     def _validate_segments(self) -> None:
@@ -145,7 +148,7 @@ class Workload:
         *,
         max_tokens: npt.ArrayLike | None = None,
         priority: npt.ArrayLike | None = None,
-        request_id: Sequence[str] | None = None,
+        request_id: Sequence[str] | RequestIds | None = None,
         hash_ids: Sequence[Sequence[int]] | None = None,
         source: str = "",
         prompt_segments: Sequence[Sequence[tuple[int, int]]] | None = None,
@@ -161,7 +164,8 @@ class Workload:
         out = np.asarray(output_len)
         cap = out if max_tokens is None else np.asarray(max_tokens)
         prio = np.zeros(n, dtype=np.int64) if priority is None else np.asarray(priority)
-        ids = tuple(str(i) for i in range(n)) if request_id is None else tuple(request_id)
+        ids = (RequestIds.from_rows(np.arange(n)) if request_id is None
+               else RequestIds.from_names(request_id))
         hashes = None if hash_ids is None else tuple(tuple(h) for h in hash_ids)
         segs = (None if prompt_segments is None
                 else tuple(tuple(row) for row in prompt_segments))
@@ -170,17 +174,17 @@ class Workload:
                              ("hash_ids", hashes), ("prompt_segments", segs)):
             if column is not None and len(column) != n:
                 raise ValueError(f"{name} has {len(column)} entries, arrival_time has {n}")
-        order = np.argsort(t, kind="stable") if np.any(np.diff(t) < 0) else np.arange(n)
+        # Rows in order are passed as they are (the constructor copies each column once).
+        order: np.ndarray | slice = slice(None)
+        if np.any(t[1:] < t[:-1]):
+            order = np.argsort(t, kind="stable")
+            ids = ids.take(order)
+            hashes = None if hashes is None else tuple(hashes[i] for i in order)
+            segs = None if segs is None else tuple(segs[i] for i in order)
         return cls(
-            arrival_time=t[order],
-            num_prompt_tokens=prompt[order],
-            output_len=out[order],
-            max_tokens=cap[order],
-            priority=prio[order],
-            request_id=tuple(ids[i] for i in order),
-            hash_ids=None if hashes is None else tuple(hashes[i] for i in order),
-            source=source,
-            prompt_segments=None if segs is None else tuple(segs[i] for i in order),
+            arrival_time=t[order], num_prompt_tokens=prompt[order], output_len=out[order],
+            max_tokens=cap[order], priority=prio[order], request_id=ids, hash_ids=hashes,
+            source=source, prompt_segments=segs,
         )
 
     def __len__(self) -> int:
@@ -211,7 +215,7 @@ class Workload:
         segs = self.prompt_segments
         if index is not None:
             positions = range(len(self))[sel] if isinstance(sel, slice) else sel
-            ids = tuple(ids[int(i)] for i in positions)
+            ids = ids.take(np.asarray(positions))
             hashes = None if hashes is None else tuple(hashes[int(i)] for i in positions)
             segs = None if segs is None else tuple(segs[int(i)] for i in positions)
         fields: dict[str, object] = {

@@ -113,3 +113,17 @@ def test_cli_run_second_turns_hit_the_first(tmp_path: Path, tokenizer: Path) -> 
     assert cache["queried_tokens"] == 20 * 33 + 20 * 52
     # each second turn finds its first turn's prompt and answer: 50 tokens, 3 full blocks
     assert cache["hit_tokens"] == 20 * 3 * 16
+
+
+def test_a_ray_driver_ships_a_sharegpt_trace_read_with_its_tokenizer(
+        tmp_path: Path, tokenizer: Path) -> None:
+    """sweep's driver reads the trace for Ray workers as they would: with --tokenizer
+    (without it a ShareGPT file cannot be read at all)."""
+    from sim.app.runs.run_config import RunConfig
+    from sim.app.runs.sweep import driver_inputs
+
+    path = write(tmp_path, [conversation("a b c d", "e f g", "h i", "j k l m n")])
+    cfg = RunConfig(trace=str(path), tokenizer=str(tokenizer), rate=1.0, step_time=0.01)
+    _, shipment = driver_inputs(cfg, "ray")
+    (workload,) = shipment.values()
+    np.testing.assert_array_equal(workload.num_prompt_tokens, [5, 11])

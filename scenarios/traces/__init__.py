@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from scenarios import json_traces
+from scenarios.request_ids import RequestIds
 from scenarios.traces import bulk, rows, servesim
 from scenarios.traces.detect import detect_format
 from scenarios.traces.files import check_file, read_lines
-from scenarios.traces.formats import CSV_FORMATS, Columns, CsvFormat, parse_filters
+from scenarios.traces.formats import CSV_FORMATS, Columns, CsvFormat, Progress, parse_filters
 from scenarios.traces.servesim import save_trace
 from scenarios.workload import Workload
 
@@ -62,7 +63,7 @@ def _load_csv(path: Path, spec: CsvFormat, filters: dict[str, str],
     try:
         return Workload.from_arrays(
             cols.arrival_s(), cols.prompt, cols.output,
-            request_id=None if cols.contiguous() else list(map(str, cols.row.tolist())),
+            request_id=None if cols.contiguous() else RequestIds.from_rows(cols.row),
             source=_csv_source(path, spec, filters, cols))
     except ValueError as e:
         raise ValueError(f"{path.name}: {e}") from None
@@ -92,11 +93,11 @@ def load_trace(path: Path | str, fmt: str | None = None, *, num_requests: int | 
         path: the trace file.
         fmt: one of ``TRACE_FORMATS`` to force a format, ``burstgpt`` with filters after a
             colon (``burstgpt:model=GPT-4,log_type=API log``); None detects it.
-        num_requests, window_s: the cut (``Workload.cut``'s): a CSV read by column name
-            stops once the rows read hold it, when they are in time order (formats.Progress).
+        num_requests, window_s: the cut (``Workload.cut``'s): a CSV or a Mooncake file
+            stops being read once the rows read hold it, when they are in time order
+            (formats.Progress).
         retimed: the caller gives the requests new arrival times (a rate is set), so a
             length-only file is read (every arrival 0 s) instead of refused.
-        tokenizer: a tokenizer.json for ShareGPT (json_traces.load_json).
         tokenizer: a tokenizer.json to count a ShareGPT file's tokens (JSON formats:
             scenarios/json_traces.py).
 
@@ -122,9 +123,11 @@ def load_trace(path: Path | str, fmt: str | None = None, *, num_requests: int | 
         if spec.clock == "none":
             workload = dataclasses.replace(workload, source=f"{workload.source} (lengths only)")
     elif name == "servesim":
-        workload = servesim.load(path)
+        workload = servesim.load(path, num_requests, window_s)
     else:
-        workload = json_traces.load_json(path, read_lines(path), name, tokenizer)
+        cut = num_requests is not None or window_s is not None
+        stop = Progress("seconds", num_requests, window_s).add if cut else None
+        workload = json_traces.load_json(path, read_lines(path), name, tokenizer, stop)
     return workload.cut(num_requests, window_s)
 
 

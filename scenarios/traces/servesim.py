@@ -10,10 +10,16 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import numpy as np
+
 from scenarios.traces.files import csv_rows, parse_int, parse_seconds
+from scenarios.traces.formats import Progress
 from scenarios.workload import Workload
 
 REQUIRED = ("arrival_time", "num_prompt_tokens", "output_len")
+
+#: Rows between two looks at whether the cut is met.
+_BATCH = 4096
 
 
 def _parse_segment(text: str, where: str) -> tuple[int, int]:
@@ -24,9 +30,13 @@ def _parse_segment(text: str, where: str) -> tuple[int, int]:
             parse_int(length, "prompt_segments tokens", where))
 
 
-def load(path: Path) -> Workload:
-    """The file's requests. Raises ValueError naming the line and the field."""
+def load(path: Path, num_requests: int | None = None,
+         window_s: float | None = None) -> Workload:
+    """The file's requests (all of them, or as far as the cut ``num_requests`` /
+    ``window_s`` while the rows read are in time order: formats.Progress). Raises
+    ValueError naming the line and the field."""
     index, rows = csv_rows(path, REQUIRED)
+    progress = Progress("seconds", num_requests, window_s)
     arrival: list[float] = []
     prompt: list[int] = []
     out: list[int] = []
@@ -53,6 +63,8 @@ def load(path: Path) -> Workload:
                             for h in cell(row, "hash_ids").split()))
         segments.append(tuple(_parse_segment(x, where)
                               for x in cell(row, "prompt_segments").split()))
+        if len(arrival) % _BATCH == 0 and progress.add(np.asarray(arrival[-_BATCH:])):
+            break
     try:
         return Workload.from_arrays(
             arrival, prompt, out, max_tokens=cap, priority=priority, request_id=ids,
