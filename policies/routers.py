@@ -80,9 +80,10 @@ def check_prefix_cache(router: str, has_prefix_cache: bool) -> None:
 
 class RoundRobinRouter:
     """Request i to replica i mod N (i counts every request routed so far; ``start``
-    resets it)."""
+    resets it): whatever the replicas' state, so it may route ahead (state_free)."""
 
     name: ClassVar[str] = "round-robin"
+    state_free: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._num_routed = 0

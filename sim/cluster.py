@@ -20,6 +20,11 @@ the dispatcher fires when it routes a request to it. Closed-loop clients work th
 way: a release schedules the user's next request in the source, and the dispatcher is
 told to set its timer.
 
+A state-free router (``sim.interface.StateFreeRouter``: its choice reads no replica's
+state) is asked ahead, as an engine plans a run, for open-loop arrivals; each request
+still reaches its replica at its arrival time, and a replica's runs stop only before the
+arrivals routed to it.
+
 With ``--prefix-cache`` each replica has its own cache; the summary's ``prefix_cache``
 sums their statistics, and each per-replica summary has its own.
 """
@@ -39,7 +44,7 @@ import simpy
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook
-from sim.interface import Router, RouterStart, Scheduler
+from sim.interface import Router, RouterStart, Scheduler, StateFreeRouter, declares
 from sim.kv.block_pool import KVCacheManager
 from sim.kv.factory import make_kv
 from sim.kv.prefix_cache import PrefixCachingKV, cache_summary
@@ -129,9 +134,14 @@ class Inbox:
         return q[0].arrival_time if q else None
 
     def next_routing_time(self) -> float | None:
-        """The next routing instant (the run's source's next arrival): the engine's
-        steady runs end before it."""
-        return self._dispatcher.source.next_arrival_time()
+        """The next routing instant that reads this replica's state (the dispatcher's
+        ``next_routing_time``): the engine's steady runs end before it."""
+        return self._dispatcher.next_routing_time()
+
+    def next_routed_arrival_time(self) -> float | None:
+        """The next arrival routed here, in the inbox or routed ahead (Dispatcher)."""
+        q = self._replica.inbox
+        return q[0].arrival_time if q else self._dispatcher.next_arrival_ahead(self._replica)
 
     def pop_arrived(self, now: float) -> list[Request]:
         self._dispatcher.advance(now)
@@ -163,21 +173,64 @@ class Dispatcher:
         self.router = router
         self._timer_at: float | None = None
         self._closed = source if isinstance(source, ClosedLoopArrivals) else None
+        # A state-free router routes open-loop arrivals ahead of time (StateFreeRouter):
+        # (request, replica) in arrival order, each replica's arrival times among them.
+        self._ahead = (self._closed is None and isinstance(router, StateFreeRouter)
+                       and router.state_free is True and declares(router, "state_free"))
+        self._routed_ahead: deque[tuple[Request, int]] = deque()
+        self._ahead_times: list[deque[float]] = [deque() for _ in replicas]
 
     def exhausted(self) -> bool:
         """No request is left to route, now or later."""
         if self._closed is not None:
             return self._closed.exhausted()
-        return self.source.next_arrival_time() is None
+        return self._next_arrival() is None
+
+    def _next_arrival(self) -> float | None:
+        """Arrival time (s) of the next request no replica has received yet."""
+        ahead = self._routed_ahead
+        return ahead[0][0].arrival_time if ahead else self.source.next_arrival_time()
+
+    def next_routing_time(self) -> float | None:
+        """The next routing instant at which the router reads the replicas' state: the
+        next arrival; None with a state-free router (it reads none) or when none is left."""
+        return None if self._ahead else self.source.next_arrival_time()
+
+    def next_arrival_ahead(self, rep: Replica) -> float | None:
+        """With a state-free router, arrival time (s) of the next request routed to
+        ``rep`` and not yet received, routing ahead until there is one; None without
+        one or when none will come."""
+        if not self._ahead:
+            return None
+        times = self._ahead_times[rep.index]
+        while not times:
+            nxt = self.source.next_arrival_time()
+            if nxt is None:
+                return None
+            for req in self.source.pop_arrived(nxt):
+                i = self._choose(req, req.arrival_time)
+                self._routed_ahead.append((req, i))
+                self._ahead_times[i].append(req.arrival_time)
+        return times[0]
+
+    def _choose(self, req: Request, now: float) -> int:
+        i = self.router.choose(req, self.replicas, now)
+        if not 0 <= i < len(self.replicas):
+            raise ValueError(f"router {self.router!r} chose replica {i!r} for request "
+                             f"{req.request_id!r}; replicas are 0..{len(self.replicas) - 1}")
+        return i
 
     def advance(self, now: float) -> None:
-        """Route every request that has arrived by ``now``; wake idle engines it reaches."""
-        reps = self.replicas
+        """Hand every request that has arrived by ``now`` to its replica (routing it,
+        unless routed ahead); wake idle engines it reaches."""
+        reps, ahead = self.replicas, self._routed_ahead
+        while ahead and ahead[0][0].arrival_time <= now:
+            req, i = ahead.popleft()
+            self._ahead_times[i].popleft()
+            reps[i].receive(req)
+            self._wake(reps[i])
         for req in self.source.pop_arrived(now):
-            i = self.router.choose(req, reps, now)
-            if not 0 <= i < len(reps):
-                raise ValueError(f"router {self.router!r} chose replica {i!r} for request "
-                                 f"{req.request_id!r}; replicas are 0..{len(reps) - 1}")
+            i = self._choose(req, req.arrival_time if self._ahead else now)
             reps[i].receive(req)
             self._wake(reps[i])
         if self.exhausted():
@@ -187,8 +240,8 @@ class Dispatcher:
             self.set_timer()
 
     def set_timer(self) -> None:
-        """Make sure the dispatcher wakes at the source's next arrival time."""
-        nxt = self.source.next_arrival_time()
+        """Make sure the dispatcher wakes at the next arrival time."""
+        nxt = self._next_arrival()
         if nxt is None or (self._timer_at is not None and self._timer_at <= nxt):
             return
         self._timer_at = nxt
@@ -230,7 +283,8 @@ def simulate_cluster(
     The result's requests and steps carry a ``replica`` column; its summary is the whole
     cluster's (summarize over every record) with a ``replicas`` list of per-replica
     summaries. ``fast_path``: the engines' steady runs and decode groups
-    (sim/fastpath.py), each run ending before the next routing instant; False, or
+    (sim/fastpath.py), each run ending before the next routing instant that reads
+    replica state (Dispatcher.next_routing_time); False, or
     closed-loop clients (whose next arrival a release inside another replica's run may
     bring forward), step by step. Raises ValueError for num_replicas < 1 or a router that
     refuses the replicas or chooses none of them (Dispatcher), SchedulerStuck as one

@@ -65,7 +65,7 @@ class FastPath:
     arrival source) are found once, here.
     """
 
-    __slots__ = ("_advance", "_arrivals", "_cost_model", "_kv", "_max_seqs", "_policy",
+    __slots__ = ("_advance", "_cost_model", "_kv", "_max_seqs", "_next_arrival", "_policy",
                  "_price_run", "_rec", "_routing_time", "_steady")
 
     def __init__(self, policy: Scheduler, kv: KVCacheManager, config: SchedulerConfig,
@@ -78,15 +78,18 @@ class FastPath:
         self._kv = kv
         self._max_seqs = config.max_num_seqs
         self._cost_model = cost_model
-        self._arrivals = arrivals
         self._rec = recorder
         self._advance = policy.advance if isinstance(policy, StepCounter) else None
         self._price_run: RunPricer | None = (
             cost_model.decode_run_times if isinstance(cost_model, BulkDecodePricer) else None)
         # A cluster's inbox: runs end before the router's next routing instant, where it
-        # reads this engine's state as the step-by-step engine would have it.
-        self._routing_time = (arrivals.next_routing_time
-                              if isinstance(arrivals, RoutedArrivals) else None)
+        # reads this engine's state as the step-by-step engine would have it, and stop
+        # before the next arrival it knows is routed here.
+        self._routing_time: Callable[[], float | None] | None = None
+        self._next_arrival: Callable[[], float | None] = arrivals.next_arrival_time
+        if isinstance(arrivals, RoutedArrivals):
+            self._routing_time = arrivals.next_routing_time
+            self._next_arrival = arrivals.next_routed_arrival_time
 
     def plan(self, now: float) -> Run | None:
         """The longest safe run starting at ``now`` (s): up to the step in which the first
@@ -109,7 +112,7 @@ class FastPath:
                 k, new_blocks = safe_steps(steady.requests, kv.block_size, kv.num_free_blocks, k)
         if k < 2:
             return None
-        next_arrival = self._arrivals.next_arrival_time()
+        next_arrival = self._next_arrival()
         end_before = self._routing_time() if self._routing_time is not None else None
         times, dts = step_times(steady, self._cost_model, now, k, next_arrival, end_before,
                                 self._price_run)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from sim.request import Request
 
@@ -78,8 +78,9 @@ class StepCounter(Protocol):
 
 def declares(policy: object, hook: str) -> bool:
     """Whether ``policy``'s class makes the fast-path promise ``hook`` (``steady_decode``
-    or ``attach_decode_group``) for the code it runs. The promise speaks for the class
-    that defines the hook (its owner) and the classes it inherits: in a run the engine
+    or ``attach_decode_group``; a router's ``state_free``) for the code it runs. The
+    promise speaks for the class that defines the hook (its owner) and the classes it
+    inherits: in a run the engine
     calls neither schedule() nor on_step_end() for each step, so any method a subclass
     redefines (schedule(), or a helper it calls such as ``_schedule_waiting`` or
     ``allocate``) may break it. A class in the policy's MRO outside the owner's that
@@ -111,7 +112,15 @@ class RoutedArrivals(Protocol):
     which routes at instants of its own; the engine's fast-path runs end before them."""
 
     def next_routing_time(self) -> float | None:
-        """The router's next routing instant (s), or None when it will route no more."""
+        """The router's next routing instant (s) that reads this engine's state (every
+        step of a run ends before it), or None when there is none."""
+        ...
+
+    def next_routed_arrival_time(self) -> float | None:
+        """Arrival time (s) of the next request this engine will pop, when the router
+        has chosen it ahead (StateFreeRouter), else of the next one in its inbox: a
+        run stops before the step that would see it, as before a single engine's
+        arrival. None when none is known."""
         ...
 
 
@@ -178,6 +187,19 @@ class Router(Protocol):
         """The index of the replica ``request`` goes to, called once per request at its
         arrival time ``now`` (s), in arrival order; the router may record the choice."""
         ...
+
+
+@runtime_checkable
+class StateFreeRouter(Protocol):
+    """Optional, a promise (see ``declares``): the router's choice for a request depends
+    only on the requests routed before it, in arrival order, never on the replicas'
+    state nor on ``now``. The cluster may then call ``choose`` ahead of the request's
+    arrival (with ``now`` = its arrival time; the replica still receives it at that
+    time), so each replica's fast-path runs end only before the arrivals routed to it,
+    not at every routing instant (sim/cluster.py). True promises it; a subclass that
+    redefines a method withdraws it."""
+
+    state_free: ClassVar[bool]
 
 
 @runtime_checkable

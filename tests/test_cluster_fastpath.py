@@ -139,3 +139,64 @@ def test_cluster_fast_path_equals_step_by_step(w: tuple[list[Request], dict]) ->
         return out
 
     assert_same(*both(make, **kw))
+
+
+def counting(calls: list[int]) -> object:
+    """A policy factory for continuous batching whose policies count their schedule()
+    calls (the steps planned one by one) in ``calls``, one entry per policy built."""
+    def make(config: SchedulerConfig, kv: object) -> object:
+        policy = get_policy_class("continuous")(config, kv)
+        i = len(calls)
+        calls.append(0)
+        plan = policy.schedule
+
+        def schedule(now: float) -> object:
+            calls[i] += 1
+            return plan(now)
+
+        policy.schedule = schedule  # on the instance: the class keeps its promise
+        return policy
+    return make
+
+
+def test_round_robin_runs_are_cut_only_by_their_own_arrivals() -> None:
+    # 1 s steps; round robin sends r0, r2, r4 ... to replica 0 and r1, r3 ... to replica
+    # 1, one arrival every 5.5 s. A round-robin choice reads no replica's state, so
+    # replica 0 plans exactly as many steps one by one as a lone engine given its own
+    # requests: the arrivals routed to replica 1 do not cut its runs.
+    def make() -> list[Request]:
+        return [Request(f"r{i}", 5.5 * i, 8, 60, 60, 0, i) for i in range(12)]
+
+    kw = dict(config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
+              cost_model=ConstantCostModel(1.0), num_gpu_blocks=100, block_size=16)
+    cluster: list[int] = []
+    res = simulate_cluster(RequestListArrivals(make()), num_replicas=2,
+                           router=make_router("round-robin"), policy_factory=counting(cluster),
+                           **kw)  # type: ignore[arg-type]
+    alone: list[int] = []
+    one = simulate(RequestListArrivals(make()[0::2]), policy_factory=counting(alone),
+                   **kw)  # type: ignore[arg-type]
+    assert list(res.requests["replica"]) == [0, 1] * 6
+    assert cluster[0] == alone[0]
+    assert list(res.requests["finish_time"][0::2]) == list(one.requests["finish_time"])
+    ref = simulate_cluster(RequestListArrivals(make()), num_replicas=2, fast_path=False,
+                           router=make_router("round-robin"),
+                           policy_factory=get_policy_class("continuous"), **kw)  # type: ignore[arg-type]
+    assert_same(ref, res)
+
+
+def test_a_router_subclass_that_redefines_choose_withdraws_the_state_free_promise() -> None:
+    from policies.routers import LeastOutstandingRouter, RoundRobinRouter
+    from sim.interface import StateFreeRouter, declares
+
+    class Named(RoundRobinRouter):
+        name = "named"
+
+    class ByLoad(RoundRobinRouter):
+        def choose(self, request: Request, replicas: object, now: float) -> int:
+            return 0
+
+    assert isinstance(RoundRobinRouter(), StateFreeRouter)
+    assert declares(RoundRobinRouter(), "state_free") and declares(Named(), "state_free")
+    assert not declares(ByLoad(), "state_free")
+    assert not declares(LeastOutstandingRouter(), "state_free")
