@@ -37,8 +37,6 @@ def _from_trace(trace: Path, trace_format: str | None, arrival: str | None, rate
                 rng: np.random.Generator,
                 sample_rng: np.random.Generator | None = None,
                 tokenizer: str | None = None) -> Workload:
-    # Only a ShareGPT file takes a tokenizer: other traces keep their cache keys.
-    read_args = {"tokenizer": tokenizer} if tokenizer is not None else {}
     if arrival is None and burstiness is not None:
         arrival = "gamma"
     if arrival is None and rate is not None:
@@ -48,12 +46,12 @@ def _from_trace(trace: Path, trace_format: str | None, arrival: str | None, rate
         # read when a rate re-times it (else refused, saying to give --rate).
         workload = load_trace_cached(trace, trace_format, num_requests=num_requests,
                                      window_s=window_s, retimed=rate is not None,
-                                     **read_args)
+                                     tokenizer=tokenizer)
     else:
         if num_requests is None:
             raise ValueError("trace_sample needs num_requests (how many to draw)")
         full = load_trace_cached(trace, trace_format, window_s=window_s,
-                                 retimed=rate is not None, **read_args)
+                                 retimed=rate is not None, tokenizer=tokenizer)
         # Re-timed requests are also shuffled: a trace's lengths drift over its day, and a
         # steady-rate probe should see a steady mix.
         workload = dataclasses.replace(

@@ -59,8 +59,10 @@ class FileKey:
 
 
 def read_key(path: Path | str, fmt: str | None, **read_args: Any) -> ReadKey:
-    """The ReadKey of ``load_trace(path, fmt, **read_args)``."""
-    return ReadKey(str(Path(path).absolute()), fmt, tuple(sorted(read_args.items())))
+    """The ReadKey of ``load_trace(path, fmt, **read_args)``; an argument given as None
+    is load_trace's default, so it keys as if not given."""
+    given = ((k, v) for k, v in read_args.items() if v is not None)
+    return ReadKey(str(Path(path).absolute()), fmt, tuple(sorted(given)))
 
 
 def file_key(read: ReadKey, given: Path | str | None = None) -> FileKey:

@@ -56,8 +56,12 @@ def test_a_cpu_profile_sizes_the_kv_cache_from_its_own_cache(tmp_path: Path) -> 
     _, cfg = run(tmp_path, "--profile", PROFILE)
     r = cfg["resolved"]
     assert cfg["gpu"] == "cpu"
+    # The profile's measured cache over Qwen2.5-0.5B's KV bytes per token in bf16:
+    # 24 layers x (K, V) x 2 KV heads x 64 dims x 2 B = 12,288; 16-token blocks.
+    cache = json.loads(Path(PROFILE).read_text())["memory"]["kv_cache_bytes"]
+    blocks = cache // (16 * 24 * 2 * 2 * 64 * 2)
     assert (r["kv_plan"]["kv_bytes"], r["num_gpu_blocks"], r["kv_capacity_tokens"]) == (
-        830_472_192, 4_224, 67_584)
+        cache, blocks, blocks * 16) == (830_472_192, 4_224, 67_584)
     # vLLM's API server on its CPU engine: 128 sequences, 2,048 tokens (not an H100's).
     assert (cfg["max_num_seqs"], cfg["max_num_batched_tokens"]) == (128, 2048)
 

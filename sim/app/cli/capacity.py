@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from sim.app.cli.common import INPUT_ERRORS, ProgressDisplay, console, fail, progress_bar, warn
-from sim.app.cli.option_values import config_options
+from sim.app.cli.option_values import config_options, given_options
 from sim.app.cli.options import (
     CHUNKED_SWITCH,
     CONFIG_OPTION,
@@ -210,11 +210,9 @@ def _warn_unused_with_trace_timing(ctx: typer.Context, arrival: str) -> None:
     its probes replay the whole trace (or its --window) in order, on one seed."""
     if arrival != "trace":
         return
-    unused = []
-    for name in ("num_requests", "trace_sample", "check_requests"):
-        source = ctx.get_parameter_source(name)
-        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
-            unused.append("--" + name.replace("_", "-"))
+    names = ("num_requests", "trace_sample", "check_requests")
+    given = given_options(ctx, names)
+    unused = ["--" + n.replace("_", "-") for n in names if n in given]
     if unused:
         warn(f"{', '.join(unused)} shape re-timed probes only: --arrival trace replays the "
              "whole trace in order (cut it with --window)")

@@ -8,7 +8,7 @@ options themselves are declared in sim/app/cli/options.py.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, get_args
 
 import typer
@@ -28,7 +28,7 @@ def config_options(ctx: typer.Context, opts: dict[str, Any],
     from sim.app.cli.common import INPUT_ERRORS, fail, warn
 
     try:
-        opts, warnings = _with_file(dict(opts), _given(ctx, opts), set(list_forms))
+        opts, warnings = _with_file(dict(opts), given_options(ctx, opts), set(list_forms))
     except INPUT_ERRORS as e:
         fail(str(e))
     allow_long(opts, os.environ)
@@ -88,7 +88,7 @@ def allow_long(opts: dict[str, Any], environ: Mapping[str, str]) -> None:
         opts["allow_long_max_model_len"] = True
 
 
-def _given(ctx: typer.Context, opts: Mapping[str, Any]) -> set[str]:
+def given_options(ctx: typer.Context, opts: Iterable[str]) -> set[str]:
     """The options given on the command line (or by environment), as click records
     them in the command's context (its ParameterSource, read by name: typer may bring
     its own copy of click)."""

@@ -229,9 +229,7 @@ def driver_inputs(cfg: RunConfig, backend: str) -> tuple[RunConfig, dict[Any, An
                                                     cfg.model, cfg.gpu))
     if backend != "ray" or cfg.trace is None:
         return cfg, {}
-    # A ShareGPT file is read with its tokenizer; other traces take none (their key).
-    read_args = {} if cfg.tokenizer is None else {"tokenizer": cfg.tokenizer}
-    return cfg, PROCESS_CACHE.ship(cfg.trace, cfg.trace_format, **read_args)
+    return cfg, PROCESS_CACHE.ship(cfg.trace, cfg.trace_format, tokenizer=cfg.tokenizer)
 
 
 def check_cells(base: RunConfig, grid: Grid,
