@@ -284,8 +284,7 @@ class QueuePolicy:
         if (scheduled or group) and self._transfer_bytes:
             extra = self._transfer_bytes / self.config.pcie_bandwidth_bytes_per_s
             self._transfer_bytes = 0
-        return BatchPlan(list(scheduled.items()), preempted, self.running, extra_time_s=extra,
-                         group=group)
+        return BatchPlan(list(scheduled.items()), preempted, self.running, None, extra, group)
 
     # -- lazy decodes (sim/decode_group.py): the group is the head of running; a member
     # is preempted only when the victim rule reaches past the tail (the priority queue),

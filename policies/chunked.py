@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import QueuePolicy
-from sim.batch import BatchPlan, SteadyDecode
+from sim.batch import BatchPlan, BatchShape, ChunkedPrefill, SteadyDecode
 from sim.decode_group import DecodeGroup
 from sim.kv.prefix_cache import ComputedBlocks
 from sim.request import Request
@@ -47,9 +47,45 @@ class ChunkedPolicy(QueuePolicy):
 
     def steady_decode(self, now: float) -> SteadyDecode | None:
         """The fast-path promise for this class's schedule(): runs of pure decode
-        steps may be advanced at once (sim/fastpath.py). A subclass that overrides
-        schedule() does not inherit it (sim.interface.declares)."""
-        return self.group_steady_decode(now)
+        steps, or of the decode group beside one request's prefill chunks, may be
+        advanced at once (sim/fastpath.py). A subclass that overrides schedule() does
+        not inherit it (sim.interface.declares)."""
+        return self.group_steady_decode(now) or self._steady_prefill(now)
+
+    def _steady_prefill(self, now: float) -> SteadyDecode | None:
+        """The promise for steps that run the decode group and the next chunk of the one
+        prefilling request behind it (schedule() serves them in group_step and
+        _schedule_running, and admits nobody: the chunk takes the whole budget left, or
+        no one waits, or every slot is taken). None where a step may do more: resume,
+        admit, charge a transfer, or preempt when its blocks do not fit (the fast path
+        stops before such a step); and with a prefix cache, whose admissions and block
+        hashes a run would bypass."""
+        group = self.decode_group
+        if (group is None or self.prefix_cache is not None or self.swapped
+                or self._transfer_bytes):
+            return None
+        running = self.running
+        group.grow(running, now, stalled=True)  # what group_step does first: it runs next
+        g = len(group.members)
+        if len(running) == g:
+            self._admit_head(group)
+        if len(running) != g + 1:
+            return None
+        req, cfg = running[-1], self.config
+        computed = req.num_computed_tokens
+        rest = req.num_prompt_tokens + req.num_output_tokens - computed
+        budget = cfg.max_num_batched_tokens - g
+        if (budget <= 0 or (rest == 1 and req.num_output_tokens)
+                or rest > cfg.max_model_len - 1 - computed):
+            return None  # no budget for it, a decode, or capped by max_model_len
+        threshold = self._prefill_threshold()
+        chunk = threshold if threshold and threshold < budget else budget
+        admits = len(self.waiting) > 0 and len(running) < cfg.max_num_seqs
+        if admits and chunk < budget:
+            return None  # every step leaves budget for an admission
+        return SteadyDecode(group.members, running,
+                            BatchShape(0, 0, 0, 0, g, group.ctx_sum, g), g, group,
+                            ChunkedPrefill(req, chunk, not admits))
 
     def schedule(self, now: float) -> BatchPlan:
         if self.lpm:
@@ -104,6 +140,27 @@ class ChunkedPolicy(QueuePolicy):
             i += 1
         return budget
 
+    def _admit_head(self, group: DecodeGroup) -> None:
+        """Admit the head of waiting ahead of the coming step when that step certainly
+        admits it: every running request is a member of ``group``, so the step runs their
+        decodes (their blocks for it taken first) and then admits the head with its first
+        chunk. schedule() then serves it as the running request it is, with the same
+        chunk (its blocks are held), and nothing else changes."""
+        waiting, cfg = self.waiting, self.config
+        if not len(waiting) or len(self.running) >= cfg.max_num_seqs:
+            return
+        req = waiting.peek()
+        budget = cfg.max_num_batched_tokens - len(group)
+        if not self._may_admit(req, budget):
+            return
+        threshold = self._prefill_threshold()
+        # Blocks the members take first: at most one each; counted when that bound fails.
+        n = self._admission(req, budget, threshold, None, len(group))
+        if n is None and len(group):
+            n = self._admission(req, budget, threshold, None, group.crossings(1)[0])
+        if n is not None:
+            self.admit_allocating(req, n, None)
+
     def _prefill_threshold(self) -> int:
         """long_prefill_token_threshold as it applies now: only while more than one
         request is running or waiting (0: no cap)."""
@@ -136,18 +193,19 @@ class ChunkedPolicy(QueuePolicy):
                                                 + req.num_output_tokens))
 
     def _admission(self, req: Request, budget: int, threshold: int,
-                   hit: ComputedBlocks | None) -> int | None:
+                   hit: ComputedBlocks | None, taken_blocks: int = 0) -> int | None:
         """The admission test, side-effect free, for ``req`` at the head of waiting with
         ``budget`` > 0 tokens left and ``hit`` (its prefix-cache hit; None without a
         cache): the tokens it is scheduled for (those after the hit, capped by
         ``threshold`` and the budget), or None when it does not fit: the free blocks
-        must hold them or, with scheduler_reserve_full_isl, all of its tokens (a check,
-        not a reservation: vLLM's full_sequence_must_fit), which covers them."""
+        (less ``taken_blocks``, those the step takes before it) must hold them or, with
+        scheduler_reserve_full_isl, all of its tokens (a check, not a reservation:
+        vLLM's full_sequence_must_fit), which covers them."""
         cached = hit.num_computed_tokens if hit is not None else 0
         rest = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens - cached
         n = min(threshold if threshold and rest > threshold else rest, budget)
         must_fit = rest if self.config.scheduler_reserve_full_isl else n
-        if self.blocks_needed(req, must_fit, hit) > self.kv.num_free_blocks:
+        if self.blocks_needed(req, must_fit, hit) + taken_blocks > self.kv.num_free_blocks:
             return None
         return n
 

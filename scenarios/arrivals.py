@@ -3,7 +3,8 @@
 Owns the inter-arrival models: gamma renewal (burstiness ``k``, as vLLM's
 ``benchmarks/serve.py --burstiness``: shape ``k``, scale ``1 / (rate * k)``), Poisson
 (= gamma with ``k = 1``, so the two draw identical numbers for one seed), constant gaps,
-and periodic bursts. Every process starts its clock at t = 0; renewal processes put the
+and periodic bursts; the diurnal process (a day-long rate profile) is scenarios/diurnal.py's.
+Every process starts its clock at t = 0; renewal processes put the
 first arrival after the first gap (``times = cumsum(gaps)``), bursts put the first wave at
 t = 0. ``rate = inf`` puts every arrival at t = 0. Randomness comes only from the
 ``numpy.random.Generator`` passed in.
@@ -15,7 +16,9 @@ import math
 
 import numpy as np
 
-ARRIVAL_PROCESSES = ("poisson", "gamma", "constant", "bursts")
+from scenarios.diurnal import DEFAULT_AMPLITUDE, diurnal
+
+ARRIVAL_PROCESSES = ("poisson", "gamma", "constant", "bursts", "diurnal")
 
 
 def _check_n(n: int) -> None:
@@ -118,11 +121,13 @@ def generate(
     *,
     burstiness: float = 1.0,
     burst_size: int = 8,
+    amplitude: float = DEFAULT_AMPLITUDE,
 ) -> np.ndarray:
     """Arrival times (s) of ``n`` requests from the named process at mean ``rate`` req/s.
 
     ``process`` is one of ``ARRIVAL_PROCESSES``. ``burstiness`` is used by ``gamma`` only;
-    ``bursts`` sends ``burst_size`` requests every ``burst_size / rate`` seconds.
+    ``bursts`` sends ``burst_size`` requests every ``burst_size / rate`` seconds;
+    ``diurnal`` swings its rate by ``amplitude`` over a day (scenarios/diurnal.py).
 
     Raises:
         ValueError: unknown ``process`` or an invalid parameter (see each process).
@@ -136,4 +141,6 @@ def generate(
     if process == "bursts":
         _check_rate(rate)
         return bursts(n, burst_size, 0.0 if math.isinf(rate) else burst_size / rate)
+    if process == "diurnal":
+        return diurnal(rate, amplitude, n, rng)
     raise ValueError(f"arrival must be one of {', '.join(ARRIVAL_PROCESSES)}; got {process!r}")

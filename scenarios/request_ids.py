@@ -77,6 +77,17 @@ class RequestIds(Sequence[str]):
         assert self._names is not None
         return RequestIds(None, tuple(self._names[i] for i in pos.tolist()))
 
+    def appended(self, count: int) -> RequestIds:
+        """These ids and ``count`` more, ``str(len(self))``, ``str(len(self) + 1)``, ...:
+        the ids vLLM's benchmark datasets give the rows they oversample (their index in
+        the list, vllm/benchmarks/datasets.py ``maybe_oversample_requests``). The result
+        may repeat an id this one holds (all_unique says)."""
+        n = len(self)
+        if self._rows is not None:
+            return RequestIds.from_rows(np.concatenate(
+                [self._rows, np.arange(n, n + count, dtype=np.int64)]))
+        return RequestIds(None, (*(self._names or ()), *map(str, range(n, n + count))))
+
     def __iter__(self) -> Iterator[str]:
         if self._rows is not None:
             return map(str, self._rows.tolist())

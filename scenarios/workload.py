@@ -57,9 +57,12 @@ class Workload:
       pairs summing to its num_prompt_tokens (synthetic shared prefixes and sessions; see
       sim/kv/prefix_content.py); a prefix cache reads these, or else ``hash_ids``.
     - ``source``: human description of where the workload came from.
+    - ``notes``: lines for the user about how it was built (a diurnal process that covers
+      less than a day), printed as warnings; like ``source``, not compared.
 
     Arrays are copied and made read-only at construction. Use ``Workload.from_arrays`` to
-    fill defaults and sort unsorted input. Equality compares every column but ``source``.
+    fill defaults and sort unsorted input. Equality compares every column but ``source``
+    and ``notes``.
 
     Raises:
         ValueError: a column has the wrong length, a token count is < 1 (the message names
@@ -76,6 +79,7 @@ class Workload:
     hash_ids: tuple[tuple[int, ...], ...] | None = None
     source: str = ""
     prompt_segments: tuple[tuple[tuple[int, int], ...], ...] | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -225,6 +229,7 @@ class Workload:
             "hash_ids": hashes,
             "source": self.source,
             "prompt_segments": segs,
+            "notes": self.notes,
         }
         fields.update(changes)
         return Workload(**fields)  # type: ignore[arg-type]
@@ -248,6 +253,34 @@ class Workload:
             return self._replace(np.sort(rng.choice(len(self), size=n, replace=False)))
         rows = rng.permutation(len(self))[:n]
         return self._replace(rows, arrival_time=np.sort(self.arrival_time[rows]))
+
+    def oversampled(self, num_requests: int, rng: np.random.Generator) -> Workload:
+        """Every row, then ``num_requests - len(self)`` more drawn uniformly with
+        replacement (none when ``num_requests <= len(self)``), as vLLM's benchmark
+        datasets oversample (vllm/benchmarks/datasets.py ``maybe_oversample_requests``):
+        a drawn row is a copy whose request_id is its index (``RequestIds.appended``).
+        The copies come after every row and the rows carry the sorted arrival times of
+        the rows drawn (as ``sampled`` with ``shuffle`` does): a result to re-time.
+
+        Raises:
+            ValueError: ``num_requests`` < 1, an empty workload to draw from, or a copy's
+                id that one of the rows already has (as vLLM refuses duplicate ids).
+        """
+        if int(num_requests) != num_requests or num_requests < 1:
+            raise ValueError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+        extra = int(num_requests) - len(self)
+        if extra <= 0:
+            return self
+        if not len(self):
+            raise ValueError("cannot oversample an empty workload")
+        rows = np.concatenate([np.arange(len(self)), rng.integers(0, len(self), size=extra)])
+        ids = self.request_id.appended(extra)
+        if not ids.all_unique():
+            raise ValueError(f"oversampling to {num_requests} requests numbers the copies "
+                             f"{len(self)}..{num_requests - 1}, and a trace request_id "
+                             "already takes one of those names")
+        return self._replace(rows, arrival_time=np.sort(self.arrival_time[rows]),
+                             request_id=ids)
 
     def with_max_tokens(self, cap: int | None) -> Workload:
         """Every request's ``max_tokens`` set to ``cap`` (tokens, >= 1); None = unchanged.
@@ -290,6 +323,13 @@ class Workload:
             raise ValueError(f"time_scale (speedup) {speedup!r} slows the trace's arrivals past "
                              "what a float64 clock holds; give a larger time_scale")
         return self._replace(arrival_time=t)
+
+    def rows(self, start: int, stop: int) -> Workload:
+        """Rows ``[start, stop)`` (a window of a long workload, sim/app/runs/window_replay.py),
+        with their request ids and content; the whole workload when they span it."""
+        if start == 0 and stop >= len(self):
+            return self
+        return self._replace(slice(start, stop))
 
     def cut(self, num_requests: int | None = None, window_s: float | None = None) -> Workload:
         """The first ``num_requests`` requests and/or those arriving within ``window_s``.

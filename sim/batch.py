@@ -12,9 +12,11 @@ if TYPE_CHECKING:
     from sim.request import Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class BatchShape:
-    """The work of one engine step, as a cost model sees it.
+    """The work of one engine step, as a cost model sees it: read-only by contract, not
+    frozen (built every step on the hottest path, where a frozen dataclass constructs
+    about five times as slowly), and hashable by its fields.
 
     A scheduled entry with n new tokens over c already-computed tokens is a *decode* when
     it is a single token of a request that has produced output (n == 1); every other entry
@@ -107,7 +109,37 @@ def shape_of(scheduled: list[tuple[Request, int]], num_group_decodes: int = 0,
     return BatchShape(p_tok, p_seqs, p_ctx, p_pairs, d_seqs, d_ctx, sampled)
 
 
-@dataclass(frozen=True, slots=True)
+def chunk_shape(num_tokens: int, has_output: bool, computed: int, n: int,
+                num_group_decodes: int, group_context_tokens: int) -> BatchShape:
+    """``shape_of([(req, n)], num_group_decodes, group_context_tokens)`` for a request with
+    ``num_tokens`` known tokens (prompt plus output), ``has_output`` when it has sampled
+    before, and ``computed`` computed tokens: the same fields, from the numbers alone (a
+    fast-path run prices the steps of one request's chunks before it applies them)."""
+    if not num_group_decodes:
+        group_context_tokens = 0  # as shape_of adds it: only with group decodes
+    if n == 1 and has_output:
+        return BatchShape(0, 0, 0, 0, 1 + num_group_decodes,
+                          computed + 1 + group_context_tokens, 1 + num_group_decodes)
+    sampled = num_group_decodes + (1 if computed + n >= num_tokens else 0)
+    return BatchShape(n, 1, computed, n * computed + n * (n + 1) // 2, num_group_decodes,
+                      group_context_tokens, sampled)
+
+
+@dataclass(slots=True)
+class ChunkedPrefill:
+    """Part of a steady-decode promise (``SteadyDecode.prefill``): besides the decodes,
+    every step schedules the next chunk of ``request``, the tail of running, prefilling:
+    ``chunk`` tokens, or all it has left when that is fewer (its last chunk, the step in
+    which it samples). ``covers_last``: whether the promise holds for the step of that
+    last chunk too (False when the budget that chunk leaves may admit a waiting
+    request)."""
+
+    request: Request
+    chunk: int
+    covers_last: bool
+
+
+@dataclass(slots=True)
 class SteadyDecode:
     """A policy's promise about the steps ahead (its optional ``steady_decode()`` hook,
     sim.interface.SteadyDecoder): until a request finishes, a request arrives, or a
@@ -115,11 +147,16 @@ class SteadyDecode:
     ``requests`` (in that order) and nothing else, with ``holders`` holding the slots,
     and is priced as the decode-only ``shape`` whose ``decode_context_tokens`` grows by
     ``context_growth`` per step.
-    The engine may then advance many such steps at once (sim/fastpath.py). With
-    ``group`` set, ``requests`` are that DecodeGroup's members (lazily advanced)."""
+    The engine may then advance many such steps at once (sim/fastpath.py). Read-only
+    by contract, not frozen (made before most engine steps: see BatchShape). With
+    ``group`` set, ``requests`` are that DecodeGroup's members (lazily advanced). With
+    ``prefill`` (only beside a group), every step also runs that request's next chunk,
+    until its last chunk (the step that samples its first token, where the promise ends),
+    and the steps are priced as those chunks next to the decodes."""
 
     requests: Sequence[Request]
     holders: Sequence[Request]
     shape: BatchShape
     context_growth: int
     group: DecodeGroup | None = None
+    prefill: ChunkedPrefill | None = None

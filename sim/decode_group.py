@@ -174,9 +174,18 @@ class DecodeGroup:
         Blocks are handed out step by step, members in running order within a step, as
         the step-by-step path hands them out."""
         first = self.steps + 1
-        end = first + num_steps
         bs = self._kv.block_size
         buckets = self._buckets
+        if num_steps == 1 and not (self._cross and self._cross[0][0] <= first):
+            # The step-by-step path's call, once per scheduled step, with no first
+            # crossing due: this step's bucket alone.
+            bucket = buckets[first % bs]
+            if len(bucket) > num_free_blocks:
+                return None
+            if bucket:
+                self._kv.allocate_one_each(bucket)
+            return [len(bucket)]
+        end = first + num_steps
         due = self._due(end - 1)  # first crossings in the window, in (step, join) order
         if num_steps > bs:
             return self._allocate_long(first, end, due, num_free_blocks)
@@ -192,7 +201,9 @@ class DecodeGroup:
             total = len(buckets[i])
             per_step = [total]
         else:
-            window = (buckets[i:] + buckets[:i])[:num_steps]
+            window = buckets[i:i + num_steps]
+            if len(window) < num_steps:  # the window wraps round the buckets
+                window += buckets[:num_steps - len(window)]
             per_step = list(map(len, window))
             total = sum(per_step)
         if total > num_free_blocks:

@@ -137,7 +137,8 @@ class Engine:
                 if run is not None:  # advanced, updated and recorded at once
                     yield env.timeout(run.times[-1] - now)
                     finished = fast.apply(run)
-                    self._idle_schedules = self._stall_steps = 0  # a run samples tokens
+                    self._idle_schedules = 0
+                    self._count_stall(run.samples, len(run.dts))
                     if finished:
                         self._end_run(finished, run.times[-1])
                     continue
@@ -244,13 +245,7 @@ class Engine:
         self._idle_schedules = 0
         if plan.preempted:
             self._last_preempted = plan.preempted[-1]
-        if sampled:
-            self._stall_steps = 0
-        else:
-            self._stall_steps += 1
-            if self._stall_steps > self._stall_max:
-                self._raise_stuck(self._last_preempted or plan.scheduled[0][0],
-                                  self._stall_steps)
+        self._count_stall(sampled, 1, plan.scheduled[0][0] if plan.scheduled else None)
         if self.observer is not None:
             self.observer(plan, start, end)
         blocks_used = self.kv.num_used_blocks  # before the policy releases anyone
@@ -329,6 +324,17 @@ class Engine:
         self._release(finished, end)
 
     # -- the watchdogs --
+    def _count_stall(self, sampled: bool, num_steps: int, req: Request | None = None) -> None:
+        """The livelock watchdog after ``num_steps`` steps (or a run) whose last sampled
+        a token, or none did: too many in a row without one raise SchedulerStuck, naming
+        the last preempted request, else ``req``."""
+        if sampled:
+            self._stall_steps = 0
+            return
+        self._stall_steps += num_steps
+        if self._stall_steps > self._stall_max:
+            self._raise_stuck(self._last_preempted or req, self._stall_steps)
+
     def _stall_limit(self) -> int:
         """Steps without a sampled token before a livelock is declared: a legal schedule
         moves the head of running by at least min(budget, threshold) tokens a step, so it

@@ -10,7 +10,8 @@ an arrival, or before a block allocation would fail, so every step of it is exac
 what the step-by-step engine would have done. The step times are summed in the same
 order, each step still gets its row in steps.csv, and the ITL samples are booked as
 (step duration, number of tokens) pairs. tests/test_fastpath.py compares both paths on
-random workloads.
+random workloads. A promise with a prefill (chunked's steps that prefill one request
+beside the decode group) is planned and applied by sim/chunk_run.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from sim.batch import BatchShape, SteadyDecode
+from sim.chunk_run import apply_chunk_run, plan_chunk_run
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.decode_group import DecodeGroup
@@ -55,6 +57,8 @@ class Run:
     times: list[float]
     dts: list[float]
     new_blocks: Sequence[int]
+    chunks: Sequence[int] = ()  # the prefill's tokens in each step (SteadyDecode.prefill)
+    samples: bool = True  # its last step samples (else none does: a lone prefill's chunks)
 
 
 class FastPath:
@@ -97,7 +101,11 @@ class FastPath:
         instant. None when the policy makes no promise or fewer than two steps are safe
         (the step-by-step path is as cheap)."""
         steady = self._steady(now)
-        if steady is None or not steady.requests:
+        if steady is None:
+            return None
+        if steady.prefill is not None:
+            return self._plan_prefill(steady, now)
+        if not steady.requests:
             return None
         group, kv = steady.group, self._kv
         new_blocks: Sequence[int] = ()  # a group counts its own
@@ -120,11 +128,23 @@ class FastPath:
             return None
         return Run(steady, times, dts, new_blocks)
 
+    def _plan_prefill(self, steady: SteadyDecode, now: float) -> Run | None:
+        """plan() for the decode group beside a prefill's chunks (sim/chunk_run.py)."""
+        end_before = self._routing_time() if self._routing_time is not None else None
+        planned = plan_chunk_run(steady, self._kv, self._cost_model.step_time, now,
+                                 MAX_RUN_STEPS, self._next_arrival(), end_before)
+        if planned is None:
+            return None
+        times, dts, chunks, samples = planned
+        return Run(steady, times, dts, (), chunks, samples)
+
     def apply(self, run: Run) -> list[Request]:
         """What len(run.times) - 1 step-by-step updates would have done, at once: tokens,
         blocks, ITL samples and step rows. Returns the requests that sampled their last
         token in the run's last step (the engine finishes and releases them)."""
         times, steady = run.times, run.steady
+        if steady.prefill is not None:
+            return self._apply_prefill(run)
         k = len(times) - 1
         group = steady.group
         finished: list[Request] = []
@@ -142,6 +162,15 @@ class FastPath:
             self._advance(k)
         self._record(run, n, new_blocks)
         self._rec.book_itl_run(times, n, regular)
+        return finished
+
+    def _apply_prefill(self, run: Run) -> list[Request]:
+        """apply() for the decode group beside a prefill's chunks (sim/chunk_run.py)."""
+        plan = (run.times, run.dts, list(run.chunks), run.samples)
+        finished = apply_chunk_run(run.steady, plan, self._kv, self._rec,
+                                   self._policy.num_waiting, self._max_seqs)
+        if self._advance is not None:
+            self._advance(len(run.dts))
         return finished
 
     def _advance_requests(self, requests: Sequence[Request], times: list[float]) -> int:

@@ -4,7 +4,9 @@ compression of step tables and ``summarize``.
 The Recorder collects one row per request (when it finishes or is rejected), one row
 per engine step, and the pooled inter-token latencies (booked only through its
 ``book_itl*`` methods), and hands them out as column tables (sim/table.py: numpy only,
-so the run path never imports pandas). ``summarize`` turns them into summary.json.
+so the run path never imports pandas), or, given a RecordSink, hands them to it in
+chunks as the run goes (sim/record_spool.py streams them to disk) and holds none to the
+end. ``summarize`` turns them into summary.json.
 Definitions follow vLLM's benchmarks (``benchmarks/benchmark_serving.py``): ttft =
 first_token_time - arrival_time (queueing included); tpot = (finish_time -
 first_token_time) / (num_output_tokens - 1), left out for one-token outputs; itl = gaps
@@ -19,13 +21,14 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 from operator import sub
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from sim.latency_stats import ItlSamples, meets_slos, stats, weighted_stats
 from sim.request import Request, RequestStatus
 from sim.saturation import saturation_summary
+from sim.step_totals import StepTotals
 from sim.table import Table, column
 
 STEP_COLUMNS = (
@@ -44,14 +47,27 @@ _CONST_STEP_COLUMNS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "n
 #: Constant-column tuples held before they are packed into an array (bounds memory).
 _PACK_ROWS = 1 << 16
 #: What record_request stores per request, in this order.
-_RAW_REQUEST_COLUMNS = (
-    "request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
-    "num_prompt_tokens", "num_output_tokens", "num_preemptions", "status", "finish_reason",
-    "reason", "num_swaps",
-)
+_RAW_REQUEST_COLUMNS = tuple(c for c in REQUEST_COLUMNS if c not in (
+    "ttft_s", "tpot_s", "e2e_latency_s", "queued_time_s"))
 _FLOAT_REQUEST_COLUMNS = ("arrival_time", "first_scheduled_time", "first_token_time",
                           "finish_time")
 _OBJECT_REQUEST_COLUMNS = ("request_id", "status", "finish_reason", "reason")
+
+
+class RecordSink(Protocol):
+    """Where a streaming Recorder hands its records, a chunk at a time, in the order the
+    run makes them (sim/record_spool.py's RecordSpool)."""
+
+    def write_requests(self, index: np.ndarray, table: dict[str, np.ndarray]) -> None:
+        """Finished or rejected requests: ``index`` their workload rows (int64), ``table``
+        REQUEST_COLUMNS (as request_columns makes them) in the same order."""
+
+    def write_steps(self, table: dict[str, np.ndarray]) -> None:
+        """The next steps, as step_columns makes them (STEP_COLUMNS)."""
+
+    def write_itl(self, step_s: np.ndarray, step_counts: np.ndarray,
+                  irregular_s: np.ndarray) -> None:
+        """The next ITL samples: per-step gaps (s), their counts, irregular gaps (s)."""
 
 
 @dataclass(slots=True)
@@ -77,10 +93,14 @@ class Recorder:
     Step rows are stored in typed arrays (8 bytes a field), the columns that stay
     constant over a decode run once per run, so a long run does not hold a Python object
     per step or per token. ``request_columns`` and ``step_columns`` return
-    them as column tables (sim/table.py).
+    them as column tables (sim/table.py). Given a ``sink``, every _PACK_ROWS step records
+    it hands everything recorded so far to the sink and forgets it (the tables are then
+    the sink's: request_columns, step_columns and itl_samples hold only what is pending).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sink: RecordSink | None = None) -> None:
+        self._sink = sink
+        self._num_flushed_requests = self._num_flushed_steps = 0
         self._req_rows: list[tuple[Any, ...]] = []
         self._req_index: array[int] = array("q")
         # ITL samples: irregular gaps one by one (a request that skipped steps: a
@@ -152,11 +172,41 @@ class Recorder:
             self._itl_step_s.extend(map(sub, times[2:], times[1:-1]))
             self._itl_step_count.extend(array("q", [count]) * (len(times) - 2))
 
-    def _pack(self) -> None:
-        """Move the pending constant-column tuples into an int64 array."""
+    def _pack(self, flush: bool = True) -> None:
+        """Move the pending constant-column tuples into an int64 array; with a sink (and
+        ``flush``), then hand it everything recorded so far."""
         if self._rows:
             self._packed.append(np.array(self._rows, dtype=np.int64))
             self._rows.clear()
+            if flush and self._sink is not None:
+                self.flush()
+
+    def flush(self) -> None:
+        """Hand every pending record to the sink and forget it (no-op without a sink);
+        call it after the run, for the last records."""
+        sink = self._sink
+        if sink is None:
+            return
+        self._pack(flush=False)
+        if self._req_rows:
+            index = np.frombuffer(self._req_index, dtype=np.int64).copy()
+            table = _request_table(self._req_rows, index)  # ordered by index
+            sink.write_requests(np.sort(index, kind="stable"), table)
+            self._num_flushed_requests += len(self._req_rows)
+            self._req_rows.clear()
+            del self._req_index[:]
+        if len(self._start):
+            sink.write_steps(self.step_columns())
+            self._num_flushed_steps += len(self._start)
+            for a in (self._start, self._duration, self._blocks, self._row_steps):
+                del a[:]
+            self._packed.clear()
+        if len(self._itl) or len(self._itl_step_s):
+            sink.write_itl(np.array(self._itl_step_s, dtype=np.float64),
+                           np.array(self._itl_step_count, dtype=np.int64),
+                           np.array(self._itl, dtype=np.float64))
+            for a in (self._itl, self._itl_step_s, self._itl_step_count):
+                del a[:]
 
     def itl_samples(self) -> ItlSamples:
         """Every ITL sample so far, as (values_s, counts)."""
@@ -186,49 +236,27 @@ class Recorder:
 
     @property
     def num_requests(self) -> int:
-        """Requests recorded so far (finished or rejected)."""
-        return len(self._req_rows)
+        """Requests recorded so far (finished or rejected), those flushed included."""
+        return self._num_flushed_requests + len(self._req_rows)
 
     @property
     def num_steps(self) -> int:
-        """Steps recorded so far."""
-        return len(self._start)
+        """Steps recorded so far, those flushed included."""
+        return self._num_flushed_steps + len(self._start)
 
     def request_columns(self) -> dict[str, np.ndarray]:
         """One row per request, in workload order, with the derived latency columns: a
         column table (sim/table.py) of REQUEST_COLUMNS. Times are float64 seconds (NaN
         where the event never happened or the metric is undefined), counts int64,
         request_id / status / finish_reason / reason object arrays (str or None)."""
-        rows = self._req_rows
-        n = len(rows)
-        order = np.argsort(np.frombuffer(self._req_index, dtype=np.int64), kind="stable") \
-            if n else np.zeros(0, dtype=np.int64)
-        raw = dict(zip(_RAW_REQUEST_COLUMNS, zip(*rows, strict=True) if n
-                       else [()] * len(_RAW_REQUEST_COLUMNS), strict=True))
-        cols: dict[str, np.ndarray] = {}
-        for c, values in raw.items():
-            if c in _OBJECT_REQUEST_COLUMNS:
-                a = np.empty(n, dtype=object)
-                a[:] = values
-            else:  # None (an event that never happened) becomes NaN
-                a = np.array(values, dtype=np.float64 if c in _FLOAT_REQUEST_COLUMNS
-                             else np.int64)
-            cols[c] = a[order]
-        arrival, first_token = cols["arrival_time"], cols["first_token_time"]
-        finish, n_out = cols["finish_time"], cols["num_output_tokens"]
-        done = cols["status"] == RequestStatus.FINISHED.value
-        cols["ttft_s"] = np.where(done, first_token - arrival, np.nan)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tpot = (finish - first_token) / (n_out - 1)
-        cols["tpot_s"] = np.where(done & (n_out > 1), tpot, np.nan)
-        cols["e2e_latency_s"] = np.where(done, finish - arrival, np.nan)
-        cols["queued_time_s"] = cols["first_scheduled_time"] - arrival
-        return {c: cols[c] for c in REQUEST_COLUMNS}
+        index = (np.frombuffer(self._req_index, dtype=np.int64) if len(self._req_index)
+                 else np.zeros(0, dtype=np.int64))
+        return _request_table(self._req_rows, index)
 
     def step_columns(self) -> dict[str, np.ndarray]:
         """One row per engine step: a column table of STEP_COLUMNS (start_time and
         duration_s float64 seconds, the rest int64 counts)."""
-        self._pack()
+        self._pack(flush=False)
         rows = (np.concatenate(self._packed) if self._packed
                 else np.zeros((0, len(_CONST_STEP_COLUMNS)), dtype=np.int64))
         steps = np.repeat(rows, np.frombuffer(self._row_steps, dtype=np.int64)
@@ -240,19 +268,50 @@ class Recorder:
         return {c: out[c] for c in STEP_COLUMNS}
 
 
+def _request_table(rows: list[tuple[Any, ...]], index: np.ndarray) -> dict[str, np.ndarray]:
+    """Request rows (record_request's tuples) as a column table of REQUEST_COLUMNS, ordered
+    by ``index`` (their workload rows, int64), with the derived latency columns."""
+    n = len(rows)
+    order = np.argsort(index, kind="stable") if n else np.zeros(0, dtype=np.int64)
+    raw = dict(zip(_RAW_REQUEST_COLUMNS, zip(*rows, strict=True) if n
+                   else [()] * len(_RAW_REQUEST_COLUMNS), strict=True))
+    cols: dict[str, np.ndarray] = {}
+    for c, values in raw.items():
+        if c in _OBJECT_REQUEST_COLUMNS:
+            a = np.empty(n, dtype=object)
+            a[:] = values
+        else:  # None (an event that never happened) becomes NaN
+            a = np.array(values, dtype=np.float64 if c in _FLOAT_REQUEST_COLUMNS
+                         else np.int64)
+        cols[c] = a[order]
+    arrival, first_token = cols["arrival_time"], cols["first_token_time"]
+    finish, n_out = cols["finish_time"], cols["num_output_tokens"]
+    done = cols["status"] == RequestStatus.FINISHED.value
+    cols["ttft_s"] = np.where(done, first_token - arrival, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = (finish - first_token) / (n_out - 1)
+    cols["tpot_s"] = np.where(done & (n_out > 1), tpot, np.nan)
+    cols["e2e_latency_s"] = np.where(done, finish - arrival, np.nan)
+    cols["queued_time_s"] = cols["first_scheduled_time"] - arrival
+    return {c: cols[c] for c in REQUEST_COLUMNS}
+
+
 #: Columns that must be equal for consecutive steps to share one compressed row.
 RLE_KEY = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
            "slots_useful", "slots_idle", "slots_empty")
 
 
-def compress_steps(steps: Table) -> dict[str, np.ndarray]:
+def compress_steps(steps: Table, counts: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Run-length compress a step table (columns as in STEP_COLUMNS, and any others,
     such as a cluster's ``replica``): consecutive steps with the
     same composition (RLE_KEY) and no preemption share one row with ``num_steps`` = how
     many, the first step's ``start_time`` (and other columns), the summed ``duration_s``
     and the largest ``kv_blocks_used``. A step with a preemption always keeps its own
     row. Returns a column table: the input's columns in their order, then ``num_steps``
-    (int64). An uncompressed table is the same with ``num_steps`` = 1 everywhere."""
+    (int64). An uncompressed table is the same with ``num_steps`` = 1 everywhere.
+    ``counts``: how many steps each input row already stands for (int64; default 1), so
+    a compressed row carried over from an earlier chunk joins the next chunk's first
+    group with the same sums a whole-table compression makes (sim/record_spool.py)."""
     cols = {c: column(steps, c) for c in steps}
     n = len(cols["start_time"])
     if n == 0:
@@ -268,20 +327,21 @@ def compress_steps(steps: Table) -> dict[str, np.ndarray]:
     out = {c: v[first] for c, v in cols.items()}
     out["duration_s"] = np.bincount(group, weights=cols["duration_s"])
     out["kv_blocks_used"] = np.maximum.reduceat(cols["kv_blocks_used"], first)
-    out["num_steps"] = np.bincount(group).astype(np.int64)
+    out["num_steps"] = (np.bincount(group) if counts is None
+                        else np.bincount(group, weights=counts)).astype(np.int64)
     return out
 
 
 def summarize(
-    requests: Table, steps: Table,
-    itl: np.ndarray | ItlSamples, *, max_num_seqs: int,
+    requests: Table, steps: Table | StepTotals,
+    itl: np.ndarray | ItlSamples | dict[str, float | None], *, max_num_seqs: int,
     num_gpu_blocks: int, block_size: int, slo_ttft_s: float | None = None,
     slo_tpot_s: float | None = None,
 ) -> dict[str, Any]:
     """The summary.json dictionary (keys listed in the README; later versions add keys,
     never rename). ``requests`` holds REQUEST_COLUMNS and ``steps`` STEP_COLUMNS, as
-    column tables (sim/table.py); ``itl`` is the pooled ITL samples in
-    seconds (an array or ItlSamples)."""
+    column tables (sim/table.py), or ``steps`` is their StepTotals; ``itl`` is the pooled
+    ITL samples in seconds (an array or ItlSamples), or their weighted_stats."""
     status = column(requests, "status")
     done = status == RequestStatus.FINISHED.value
 
@@ -296,7 +356,7 @@ def summarize(
     if slo_ttft_s is not None or slo_tpot_s is not None:
         ok = meets_slos(fin("ttft_s"), fin("tpot_s"), slo_ttft_s, slo_tpot_s)
         goodput = _per_s(float(ok.sum()), duration)
-    num_seqs = column(steps, "num_seqs")
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.of(steps, num_gpu_blocks)
     return {
         "num_requests": len(status),
         "num_finished": n_fin,
@@ -306,17 +366,13 @@ def summarize(
                                   duration),
         "ttft_s": stats(fin("ttft_s")),
         "tpot_s": stats(fin("tpot_s")),
-        "itl_s": weighted_stats(ItlSamples.of(itl)),
+        "itl_s": itl if isinstance(itl, dict) else weighted_stats(ItlSamples.of(itl)),
         "e2e_latency_s": stats(fin("e2e_latency_s")),
         "queued_time_s": stats(column(requests, "queued_time_s")),
         "goodput_requests_per_s": goodput,
         "num_preemptions": int(column(requests, "num_preemptions").sum()),
         "num_swaps": int(column(requests, "num_swaps").sum()),
-        "kv_cache": _kv_cache(steps, num_gpu_blocks, block_size),
-        # float64 sum / count: what pandas' mean of an int column computes.
-        "batch": {"mean_num_seqs": float(num_seqs.sum(dtype=np.float64) / len(num_seqs))
-                  if len(num_seqs) else 0.0},
-        "slots": _slots(steps, len(num_seqs) * max_num_seqs),
+        **totals.summary(num_gpu_blocks, block_size, max_num_seqs),
         **saturation_summary(requests),
     }
 
@@ -336,25 +392,3 @@ def _throughput(num_output_tokens: np.ndarray, num_prompt_tokens: np.ndarray,
         "total_tokens_per_s": _per_s(n_tot, duration),
         "requests_per_s": _per_s(float(num_finished), duration),
     }
-
-
-def _kv_cache(steps: Table, num_gpu_blocks: int,
-              block_size: int) -> dict[str, Any]:
-    """summary.json's ``kv_cache``: the pool, and its usage (blocks in use / usable
-    blocks) at its peak step and as a mean weighted by step duration."""
-    dur = column(steps, "duration_s")
-    usage = column(steps, "kv_blocks_used") / max(num_gpu_blocks - 1, 1)
-    return {
-        "num_gpu_blocks": int(num_gpu_blocks),
-        "block_size": int(block_size),
-        "peak_usage": float(usage.max()) if len(usage) else 0.0,
-        "mean_usage": float((usage * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0,
-    }
-
-
-def _slots(steps: Table, slot_total: int) -> dict[str, float]:
-    """summary.json's ``slots``: useful, idle and empty slot-steps over ``slot_total``
-    (steps x max_num_seqs)."""
-    return {f"{k}_fraction": (float(column(steps, f"slots_{k}").sum()) / slot_total
-                              if slot_total else 0.0)
-            for k in ("useful", "idle", "empty")}

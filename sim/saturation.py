@@ -154,16 +154,15 @@ def _not_measured(reason: str) -> dict[str, Any]:
 def _queue(arrival: np.ndarray, leave: np.ndarray) -> _Queue:
     """The queue of requests arriving at sorted ``arrival`` and leaving it (scheduled,
     or rejected at arrival) at ``leave`` (s, one per request, any order)."""
-    n = arrival.size
+    count = np.arange(1, arrival.size + 1)
     leave = np.sort(leave)
-    # One stable merge of the two sorted runs (arrivals first at a tie): an event's
-    # place in it counts the other kind's events before it.
-    place = np.empty(2 * n, np.int64)
-    place[np.argsort(np.concatenate([arrival, leave]), kind="stable")] = np.arange(2 * n)
-    departed = place[:n] - np.arange(n)  # departures before each arrival
-    arrived = place[n:] - np.arange(n)  # arrivals up to each departure
-    return _Queue(arrival, np.arange(1, n + 1) - departed,
-                  leave[arrived == np.arange(1, n + 1)])
+    # Events in time order, arrivals first at a tie: before each arrival have departed
+    # the requests leaving strictly earlier; up to each departure have arrived those
+    # arriving at or before it. Two binary searches instead of merging the 2n events
+    # keep the peak at a few n-long arrays (10 million requests: hundreds of MB less).
+    departed = np.searchsorted(leave, arrival, side="left")
+    arrived = np.searchsorted(arrival, leave, side="right")
+    return _Queue(arrival, count - departed, leave[arrived == count])
 
 
 def _episodes(q: _Queue) -> tuple[np.ndarray, np.ndarray]:
@@ -315,7 +314,7 @@ def saturation_summary(requests: Table) -> dict[str, Any]:
     everything it compared; ``reason``: why A's episode did not count, null when it did)
     of a run's request rows (columns arrival_time, first_scheduled_time and finish_time
     in seconds, NaN for a time that never came; a column table as in sim/table.py)."""
-    arrival = column(requests, "arrival_time").astype(np.float64)
+    arrival = np.asarray(column(requests, "arrival_time"), dtype=np.float64)
     if arrival.size < 2:
         return _not_measured("fewer than two requests")
     t0, t1 = float(arrival.min()), float(arrival.max())
@@ -323,12 +322,19 @@ def saturation_summary(requests: Table) -> dict[str, Any]:
         return _not_measured("every request arrived at the same instant")
     if not t1 - t0 > 1e-9 * max(1.0, abs(t1)):  # no line can be fitted over it
         return _not_measured("the arrivals span no measurable time")
-    order = np.argsort(arrival, kind="stable")
-    arrival = arrival[order]
-    scheduled = column(requests, "first_scheduled_time").astype(np.float64)[order]
+    # Rows in workload order are in arrival order already: no reordered copies then.
+    order = (None if bool(np.all(arrival[1:] >= arrival[:-1]))
+             else np.argsort(arrival, kind="stable"))
+
+    def by_arrival(values: np.ndarray) -> np.ndarray:
+        x = np.asarray(values, dtype=np.float64)
+        return x if order is None else x[order]
+
+    arrival = by_arrival(arrival)
+    scheduled = by_arrival(column(requests, "first_scheduled_time"))
     if not np.isfinite(scheduled).any():  # no queue formed: nothing was ever admitted
         return _not_measured("no request was served: every one was rejected")
-    finish = column(requests, "finish_time").astype(np.float64)[order]
+    finish = by_arrival(column(requests, "finish_time"))
     leave = np.where(np.isfinite(scheduled), scheduled, arrival)
     q = _queue(arrival, leave)
     admitted = _groups(np.sort(scheduled[np.isfinite(scheduled)]))

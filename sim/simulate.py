@@ -17,10 +17,12 @@ from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.engine import Engine, ReleaseHook, StepExecutor, StepObserver
 from sim.interface import Scheduler
+from sim.kv.block_pool import KVCacheManager
 from sim.kv.factory import make_kv
 from sim.kv.prefix_cache import cache_summary
 from sim.latency_stats import ItlSamples
 from sim.metrics import Recorder, summarize
+from sim.record_spool import RecordSpool
 from sim.source import ArrivalSource
 from sim.table import to_frame
 
@@ -83,10 +85,54 @@ def simulate(
       (sim.engine.StepExecutor); the cost model is then unused.
     Raises SchedulerStuck if the policy stops making progress with work waiting.
     """
+    rec = Recorder()
+    kv = _run(arrivals, rec, policy_factory=policy_factory, config=config,
+              cost_model=cost_model, num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+              progress=progress, slice_s=slice_s, observer=observer, on_release=on_release,
+              fast_path=fast_path, executor=executor)
+    requests = rec.request_columns()
+    steps = rec.step_columns()
+    itl = rec.itl_samples()
+    summary = summarize(requests, steps, itl, max_num_seqs=config.max_num_seqs,
+                        num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+                        slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+    summary["prefix_cache"] = cache_summary([kv], block_size)
+    return SimResult(requests, steps, itl, summary)
+
+
+def simulate_streamed(
+    arrivals: ArrivalSource, spool: RecordSpool, *, policy_factory: Any,
+    config: SchedulerConfig, cost_model: CostModel, num_gpu_blocks: int,
+    block_size: int = 16, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
+    progress: Callable[[int], None] | None = None, slice_s: float = math.inf,
+    on_release: ReleaseHook | None = None, fast_path: bool = True,
+) -> dict[str, Any]:
+    """``simulate`` with its records streamed to ``spool`` (sim/record_spool.py: the CSVs
+    written as the run goes) instead of held: returns only summary.json's dict, the
+    same as simulate's. Arguments and errors as simulate's."""
+    rec = Recorder(sink=spool)
+    kv = _run(arrivals, rec, policy_factory=policy_factory, config=config,
+              cost_model=cost_model, num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+              progress=progress, slice_s=slice_s, on_release=on_release,
+              fast_path=fast_path)
+    rec.flush()
+    summary = spool.finish(max_num_seqs=config.max_num_seqs, block_size=block_size,
+                           slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+    summary["prefix_cache"] = cache_summary([kv], block_size)
+    return summary
+
+
+def _run(
+    arrivals: ArrivalSource, rec: Recorder, *, policy_factory: Any, config: SchedulerConfig,
+    cost_model: CostModel, num_gpu_blocks: int, block_size: int,
+    progress: Callable[[int], None] | None, slice_s: float,
+    observer: StepObserver | None = None, on_release: ReleaseHook | None,
+    fast_path: bool, executor: StepExecutor | None = None,
+) -> KVCacheManager:
+    """The engine run into ``rec``, in progress slices; returns its KV cache."""
     env = simpy.Environment()
     kv = make_kv(config.prefix_cache, num_gpu_blocks, block_size)
     policy: Scheduler = policy_factory(config, kv)
-    rec = Recorder()
     proc = Engine(env, policy=policy, cost_model=cost_model, kv=kv, config=config,
                   arrivals=arrivals, recorder=rec, observer=observer,
                   on_release=on_release, fast_path=fast_path,
@@ -97,14 +143,7 @@ def simulate(
         env.run(until=proc if math.isinf(length) else env.now + length)
         if progress is not None:
             progress(rec.num_requests)
-    requests = rec.request_columns()
-    steps = rec.step_columns()
-    itl = rec.itl_samples()
-    summary = summarize(requests, steps, itl, max_num_seqs=config.max_num_seqs,
-                        num_gpu_blocks=num_gpu_blocks, block_size=block_size,
-                        slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
-    summary["prefix_cache"] = cache_summary([kv], block_size)
-    return SimResult(requests, steps, itl, summary)
+    return kv
 
 
 def progress_slices(slice_s: float, steady: int = 100, growth: float = 1.1) -> Iterator[float]:

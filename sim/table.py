@@ -13,7 +13,7 @@ import csv
 import io
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
@@ -80,19 +80,30 @@ def write_csv(path: Path | str, table: Table) -> None:
     minimal quoting ('"' doubled inside), LF line ends, NaN and None as empty fields.
     The bytes equal ``pd.DataFrame(table).to_csv(path, index=False)``. Raises ValueError
     when the columns differ in length."""
-    names = list(table)
-    cols = [np.asarray(table[c]) for c in names]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        write_csv_header(f, list(table))
+        write_csv_rows(f, table)
+
+
+def write_csv_header(f: TextIO, names: list[str]) -> None:
+    """write_csv's header row, to an open text file (newline="")."""
+    f.write(",".join(_quoted(str(c)) for c in names) + "\n")
+
+
+def write_csv_rows(f: TextIO, table: Table) -> None:
+    """write_csv's rows of ``table``, to an open text file (newline=""): rows written in
+    several calls read the same as one table written whole. Raises ValueError when the
+    columns differ in length."""
+    cols = [np.asarray(table[c]) for c in table]
     n = len(cols[0]) if cols else 0
     if any(len(c) != n for c in cols):
         raise ValueError(f"columns differ in length: {[len(c) for c in cols]}")
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        f.write(",".join(_quoted(str(c)) for c in names) + "\n")
-        for lo in range(0, n, CHUNK_ROWS):
-            fields = [csv_fields(c[lo:lo + CHUNK_ROWS]) for c in cols]
-            if len(cols) == 1:  # the csv module writes a row of one empty field as ""
-                fields = [['""' if x == "" else x for x in fields[0]]]
-            f.write("\n".join(map(",".join, zip(*fields, strict=True))))
-            f.write("\n")
+    for lo in range(0, n, CHUNK_ROWS):
+        fields = [csv_fields(c[lo:lo + CHUNK_ROWS]) for c in cols]
+        if len(cols) == 1:  # the csv module writes a row of one empty field as ""
+            fields = [['""' if x == "" else x for x in fields[0]]]
+        f.write("\n".join(map(",".join, zip(*fields, strict=True))))
+        f.write("\n")
 
 
 def to_frame(table: Table) -> pd.DataFrame:

@@ -141,9 +141,11 @@ COMMANDS = {
     "run": Command(("run", "--num-requests", "300"), "--seed", RUN_FILES, RUN_FILES, 1.0,
                    workers=False),
     "sweep": Command(("sweep", "--num-requests", "20", "--max-num-seqs", "8,16"), "--seeds",
-                     ("sweep.csv", "sweep.html", "sweep.json"), ("sweep.csv", "sweep.json"),
+                     ("frontier.csv", "sweep.csv", "sweep.html", "sweep.json"),
+                     ("frontier.csv", "sweep.csv", "sweep.json"),
                      3.0),
     "plan": Command(("plan", "--num-requests", "20", "--max-probes", "2", "--slo-ttft", "0.5"),
-                    "--seeds", ("capacity.html", "capacity.md", "plan.json"), (), 3.0),
+                    "--seeds", ("capacity.html", "capacity.md", "plan.json", "vllm_serve.yaml"), (),
+                    3.0),
 }
 PREVIOUS, NEW = 1, 2  # the seed of the run already in place, and of the one stopped

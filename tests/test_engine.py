@@ -197,13 +197,14 @@ def test_packed_arrivals_are_reported_in_few_slices_with_the_same_records() -> N
     # 30 arrivals within 30 us, then seconds of work: the progress callback runs a few
     # hundred times (it ran once per 0.3 us slice before), and slicing changes nothing.
     from policies.registry import get_policy_class
-    from sim.app.runs.runner import RunConfig, arrival_source, prepare, simulate_prepared
+    from sim.app.runs.run_arrivals import arrival_source
+    from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
     from sim.simulate import simulate
 
     prep = prepare(RunConfig(num_requests=30, rate=1e6))
     calls: list[int] = []
     sliced = simulate_prepared(prep, progress=calls.append)
-    source, _ = arrival_source(prep)
+    source, _ = arrival_source(prep.workload, prep.config, prep.scheduler.prefix_cache)
     whole = simulate(source, policy_factory=get_policy_class(prep.config.policy),
                      config=prep.scheduler, cost_model=prep.cost_model,
                      num_gpu_blocks=prep.num_gpu_blocks)  # one slice

@@ -289,8 +289,8 @@ PLAN = ["plan", "--num-requests", "20", "--step-time", "0.01", "--seeds", "0",
 
 
 @pytest.mark.parametrize(("command", "names"), [
-    (SWEEP, ("sweep.csv", "sweep.json", "sweep.html")),
-    (PLAN, ("capacity.md", "plan.json", "capacity.html")),
+    (SWEEP, ("sweep.csv", "sweep.json", "frontier.csv", "sweep.html")),
+    (PLAN, ("capacity.md", "plan.json", "capacity.html", "vllm_serve.yaml")),
 ])
 def test_sweep_and_plan_never_replace_a_users_file(tmp_path: Path, command: list[str],
                                                     names: tuple[str, ...]) -> None:
@@ -365,3 +365,15 @@ def test_pngs_are_marked_and_a_users_png_is_never_replaced(
     with pytest.raises(ValueError, match=r"fig-2\.png exists and carries no servesim mark"):
         report.write_pngs([Figure(), Figure()], out)
     assert paths[1].read_bytes() == png
+
+
+def test_plan_never_replaces_a_hand_written_serve_yaml(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert runner.invoke(app, [*PLAN, "--out", str(out)]).exit_code == 0
+    yaml = out / "vllm_serve.yaml"
+    assert yaml.read_text().startswith(f"# generator: servesim {VERSION}\n")
+    mine = "model: my/model\nmax_num_seqs: 64\n"  # the user's own, beside servesim's set
+    yaml.write_text(mine)
+    res = runner.invoke(app, [*PLAN, "--out", str(out)])
+    assert res.exit_code == 1 and _one_line_refusal(res.output, "--out", yaml)
+    assert yaml.read_text() == mine

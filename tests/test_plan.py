@@ -78,6 +78,8 @@ def test_cli_plan_answer_first_with_interval_and_cluster_check(tmp_path: Path) -
                                       "## Sensitivity to burstiness",
                                       "## Open vs closed loop", "## Method")]
     assert sections == sorted(sections)
+    # the cluster checks draw num_requests x replicas from the 400-row trace: oversampled
+    assert "a trace with fewer rows is oversampled: every row once, then copies" in md
     plan = json.loads((out / "plan.json").read_text())
     best = plan["configs"][plan["best_config"]]
     med, lo, hi = best["interval"]
@@ -188,3 +190,14 @@ def test_cli_plan_takes_max_model_len_for_a_long_context_model_on_a_small_card(
     plan = json.loads((tmp_path / "b" / "plan.json").read_text())
     assert plan["base"]["max_model_len"] == 8192 and plan["seeds"] == [4]
     assert plan["configs"][0]["error"] == "" and plan["configs"][0]["interval"][0] > 0
+
+
+@pytest.mark.parametrize(("command", "hidden"), [
+    ("plan", ("--disagg", "--kv-link", "--decode-max-num-seqs", "--diurnal-amplitude")),
+    ("sweep", ("--disagg", "--kv-link", "--decode-max-num-seqs")),
+])
+def test_help_leaves_out_what_the_command_refuses_or_sets(command: str,
+                                                          hidden: tuple[str, ...]) -> None:
+    res = runner.invoke(app, [command, "--help"], terminal_width=200)
+    assert res.exit_code == 0 and "--max-num-seqs" in res.output
+    assert [h for h in hidden if h in res.output] == []

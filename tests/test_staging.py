@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 from typer.testing import CliRunner
@@ -239,11 +240,11 @@ def test_a_swap_killed_halfway_puts_the_previous_run_back(tmp_path: Path) -> Non
 
 def test_no_space_while_writing_a_run_is_one_line(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(path: Path, table: object) -> None:
-        Path(path).write_text("request_id\n")  # part written, then the disk is full
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    def full(f: TextIO, table: object) -> None:  # rows streamed into requests.csv
+        f.write("0,")  # part written, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f.name)
 
-    monkeypatch.setattr("sim.app.runs.run_files.write_csv", full)
+    monkeypatch.setattr("sim.record_spool.write_csv_rows", full)
     out = tmp_path / "latest"
     res = runner.invoke(app, [*RUN, "--out", str(out)])
     assert res.exit_code == 1

@@ -1,6 +1,7 @@
 """``servesim sweep`` and ``servesim plan``: the capacity commands. The work is in
-sim/app/runs/sweep.py and sim/app/runs/plan.py, the pages in sim/app/reports/sweep_page.py
-and sim/app/reports/plan_page.py."""
+sim/app/runs/sweep.py and sim/app/runs/plan.py (across GPU types:
+sim/app/runs/gpu_ranking.py), the pages in sim/app/reports/sweep_page.py,
+sim/app/reports/plan_page.py and sim/app/reports/gpu_ranking_page.py."""
 
 from __future__ import annotations
 
@@ -27,10 +28,14 @@ from sim.app.cli.options import (
     with_options,
 )
 from sim.app.runs.axes import AXES, PLAN_AXES
+from sim.app.runs.pools import DISAGG_FIELDS
+
+#: What sweep and plan refuse in one line (sweep.check_cells): left out of their --help.
+HIDE_DISAGG = {n: {"hidden": True} for n in ("disagg", *DISAGG_FIELDS)}
 
 
 @with_options(
-    *declare([n for n in OPTIONS if n != "seed"], axes=AXES),
+    *declare([n for n in OPTIONS if n != "seed"], axes=AXES, **HIDE_DISAGG),
     seeds("0", "every cell replays each seed's workload."), PREFIX_SWITCH, CHUNKED_SWITCH,
     GOODPUT_OPTION, CONFIG_OPTION)
 def sweep(
@@ -45,7 +50,8 @@ def sweep(
     **opts: Any,
 ) -> None:
     """Run a grid of what-if cells (every combination of the comma-separated values) on
-    the same seeded workload, in parallel; write sweep.csv, sweep.json and sweep.html."""
+    the same seeded workload, in parallel; write sweep.csv, sweep.json, frontier.csv (the
+    Pareto frontier of output tokens/s per GPU against per user) and sweep.html."""
     from sim.app.reports.sweep_page import write_sweep
     from sim.app.runs.out_dir import check_files
     from sim.app.runs.runner import RunConfig
@@ -59,7 +65,7 @@ def sweep(
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         check_cells(base, grid, think_time=think_time)
-        check_files(out, ("sweep.csv", "sweep.json", "sweep.html"))
+        check_files(out, ("sweep.csv", "sweep.json", "frontier.csv", "sweep.html"))
     except INPUT_ERRORS as e:
         fail(str(e))
     n = len(grid.cells()) * len(grid.seeds)
@@ -114,6 +120,9 @@ def sweep_table(df: Any, axes: list[str], limit: int = 60) -> Table:
     return t
 
 
+#: The files a plan writes.
+PLAN_FILES = ("capacity.md", "capacity.html", "plan.json", "vllm_serve.yaml")
+
 #: Run options a plan sets itself: each probe's load and arrivals (Poisson or gamma at a
 #: searched rate, the trace's own arrivals time-scaled to it (plan's own --arrival), or
 #: a searched number of users), the replicas of its cluster check, and the seeds (--seeds).
@@ -133,7 +142,8 @@ PLAN_SETS = ("arrival", "rate", "concurrency", "think_time", "time_scale", "repl
                            "replays the whole trace or its --window."},
              window={"help": "Plan on the trace's arrivals within this many seconds of "
                              "its first (both timings)."},
-             ),
+             # plan sets the arrival process itself (--arrival poisson or trace)
+             diurnal_amplitude={"hidden": True}, **HIDE_DISAGG),
     seeds("0,1,2", "each probe runs on every seed; the capacity interval spans them."),
     PREFIX_SWITCH, CHUNKED_SWITCH, GOODPUT_OPTION, CONFIG_OPTION)
 def plan(
@@ -164,13 +174,25 @@ def plan(
     address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
     out: Annotated[Path, typer.Option(help="Directory for the capacity report.")] =
         Path("runs/plan"),
+    price_file: Annotated[Path | None, typer.Option(
+        help="JSON prices in US dollars per GPU-hour over the shipped table "
+             "(calibration/data/gpu_prices.json): its form, or {\"GPU\": USD, ...}.")] = None,
+    price: Annotated[list[str] | None, typer.Option(
+        help="GPU=USD_PER_HOUR, over the table and --price-file (repeatable).")] = None,
+    by_window: Annotated[str | None, typer.Option(
+        help="Also give the replicas each window of the trace needs (1h, 30m, 900 s): "
+             "the peak, the mean, and GPU-hours following the load against the peak's."
+    )] = None,
     **opts: Any,
 ) -> None:
     """Find the load one replica sustains within the SLOs, the best engine config of the
     grid and the replicas (GPUs) a target needs, confirmed by a cluster simulation; write
-    capacity.md, capacity.html and plan.json."""
+    capacity.md, capacity.html, plan.json and vllm_serve.yaml. With several --gpu types
+    (a,b,c) or a price, plan each type and rank them by $/hour at the target."""
+    from sim.app.reports.by_window_page import summary_lines
     from sim.app.reports.plan_page import answer_lines, write_plan
     from sim.app.runs.backends import Executor
+    from sim.app.runs.by_window import load_over_day, window_seconds
     from sim.app.runs.out_dir import check_files
     from sim.app.runs.plan import run_plan
     from sim.app.runs.sweep import driver_inputs
@@ -181,10 +203,19 @@ def plan(
               "check_requests": check_requests, "arrival": arrival}
     opts = config_options(ctx, opts, PLAN_AXES)
     _warn_unused_with_trace_timing(ctx, arrival)
+    gpus: list[str | None] = ([g.strip() for g in opts["gpu"].split(",")] if opts["gpu"]
+                              else [None])
+    if len(gpus) > 1 or price_file is not None or price:
+        if by_window is not None:
+            fail("--by-window plans one GPU type: give one --gpu and no price")
+        plan_gpu_types(opts, search, gpus, (price_file, price or []),
+                       (workers, backend, address), out)
+        return
     try:
-        spec = _plan_spec(opts, search)
+        spec = plan_spec(opts, search)
+        window_s = window_seconds(spec, by_window)
         executor = Executor(workers, backend, address, driver_inputs(spec.base, backend)[1])
-        check_files(out, ("capacity.md", "capacity.html", "plan.json"))
+        check_files(out, PLAN_FILES)
     except INPUT_ERRORS as e:
         fail(str(e))
     probes = (f" x {len(spec.grid.seeds)} seed(s), {spec.base.num_requests:,} requests per "
@@ -195,13 +226,15 @@ def plan(
     t0 = time.perf_counter()
     try:
         with progress_bar() as bar, executor as ex:
-            res = run_plan(spec, _bar_runner(ex, bar), ex.parallelism)
+            res = run_plan(spec, runner := bar_runner(ex, bar), ex.parallelism)
+            windows = (load_over_day(spec, res.best, window_s, runner)
+                       if window_s is not None and res.best is not None else None)
         res.elapsed_s = time.perf_counter() - t0
-        paths = write_plan(out, res)
+        paths = write_plan(out, res, windows)
     except INPUT_ERRORS as e:
         fail(str(e))
-    for line in answer_lines(res):
-        console.print("- " + _rich(line), highlight=False)
+    for line in answer_lines(res) + (summary_lines(windows) if windows else []):
+        console.print("- " + rich_line(line), highlight=False)
     console.print(f"planned in {res.elapsed_s:,.1f} s; wrote " + ", ".join(map(str, paths)))
 
 
@@ -218,7 +251,7 @@ def _warn_unused_with_trace_timing(ctx: typer.Context, arrival: str) -> None:
              "whole trace in order (cut it with --window)")
 
 
-def _plan_spec(opts: dict[str, Any], a: dict[str, Any]) -> Any:
+def plan_spec(opts: dict[str, Any], a: dict[str, Any]) -> Any:
     """The PlanSpec of the plan command's run options ``opts`` (its axes as given, the
     SLOs and router apart from the base run) and search settings ``a``, every config
     checked as its first probe would build it (sweep.check_cells); ValueError on bad
@@ -256,7 +289,7 @@ PHASES = {"search_probe": "searching load per config and seed",
           "run_loop": "open vs closed loop"}
 
 
-def _bar_runner(ex: Any, bar: ProgressDisplay
+def bar_runner(ex: Any, bar: ProgressDisplay
                 ) -> Callable[[Callable[[Any], Any], list[Any]], list[Any]]:
     task = bar.add_task("planning", total=1)
 
@@ -267,7 +300,7 @@ def _bar_runner(ex: Any, bar: ProgressDisplay
     return runner
 
 
-def _rich(markdown_line: str) -> str:
+def rich_line(markdown_line: str) -> str:
     """**bold** -> rich bold markup (the rest escaped)."""
     from rich.markup import escape
 
@@ -275,3 +308,91 @@ def _rich(markdown_line: str) -> str:
     while out.count("**") >= 2:
         out = out.replace("**", "[bold]", 1).replace("**", "[/bold]", 1)
     return out
+
+
+def _base_config(opts: dict[str, Any]) -> Any:
+    """The plan's base RunConfig of ``opts`` (its axes left at their defaults)."""
+    from sim.app.runs.runner import RunConfig
+
+    names = {f.name for f in dataclasses.fields(RunConfig)} - set(PLAN_AXES)
+    return RunConfig(**{k: v for k, v in opts.items() if k in names})
+
+
+def gpu_specs(opts: dict[str, Any], search: dict[str, Any],
+              gpus: list[str | None]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(PlanSpec by GPU preset name, error by GPU preset name for a type that cannot be
+    planned). A GPU type without --tensor-parallel-size gets the smallest TP its model
+    fits, in every cell of the grid (gpu_ranking.grid_tensor_parallel). ValueError for an
+    unknown GPU (naming --gpu), and for input no type can plan (the first type's error)."""
+    from calibration.gpus import get_gpu
+    from sim.app.runs.gpu_ranking import grid_tensor_parallel
+    from sim.app.runs.sweep import Grid
+
+    names = []
+    for g in gpus:
+        try:
+            names.append(get_gpu(g).name if g is not None else None)
+        except ValueError as e:
+            raise ValueError(f"--gpu: {e}") from None
+    specs, errors = {}, {}
+    for g in names:
+        o = dict(opts, gpu=g)
+        try:
+            if o.get("tensor_parallel_size") is None:
+                cells = Grid.parse({n: o.get(n) for n in PLAN_AXES}).cells()
+                o["tensor_parallel_size"] = str(grid_tensor_parallel(_base_config(o), cells))
+            spec = plan_spec(o, search)
+        except INPUT_ERRORS as e:
+            errors[g or "default"] = str(e)
+            continue
+        specs[get_gpu(spec.base.gpu).name] = spec
+    if not specs:
+        gpu, error = next(iter(errors.items()))
+        raise ValueError(error if len(errors) == 1 else f"{gpu}: {error}")
+    return specs, errors
+
+
+def plan_gpu_types(opts: dict[str, Any], search: dict[str, Any], gpus: list[str | None],
+                   prices_given: tuple[Path | None, list[str]],
+                   executor_args: tuple[int | None, str, str | None], out: Path) -> None:
+    """Plan every GPU type of ``gpus`` with the plan command's options, rank them and
+    write the report into ``out``; one line and exit 1 on bad input."""
+    from sim.app.reports.gpu_ranking_page import answer_lines, write_gpu_ranking
+    from sim.app.runs.backends import Executor
+    from sim.app.runs.gpu_ranking import GpuPlan, mean_output_tokens, ranked
+    from sim.app.runs.out_dir import check_files
+    from sim.app.runs.plan import run_plan
+    from sim.app.runs.prices import price_table
+    from sim.app.runs.sweep import driver_inputs
+
+    try:
+        prices = price_table(*prices_given)
+        specs, errors = gpu_specs(opts, search, gpus)
+        if len(gpus) > 1 and search["target_rate"] is search["target_concurrency"] is None:
+            raise ValueError("--gpu with several GPU types ranks them by the cost of the fleet "
+                             "at a target: give --target-rate (or --target-concurrency)")
+        first = next(iter(specs.values()))
+        executor = Executor(*executor_args, driver_inputs(first.base, executor_args[1])[1])
+        check_files(out, PLAN_FILES)
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    console.print(f"plan: {len(specs)} GPU type(s) ({', '.join(specs)}), "
+                  f"{len(first.grid.cells())} config(s) each, SLO {first.slo.describe()}")
+    t0 = time.perf_counter()
+    try:
+        with progress_bar() as bar, executor as ex:
+            runner = bar_runner(ex, bar)
+            plans = []
+            for gpu, spec in specs.items():
+                t1 = time.perf_counter()
+                res = run_plan(spec, runner, ex.parallelism)
+                res.elapsed_s = time.perf_counter() - t1
+                plans.append(GpuPlan(gpu, res, prices.get(gpu), mean_output_tokens(spec, res)))
+        plans += [GpuPlan(g, None, prices.get(g), error=e) for g, e in errors.items()]
+        ranking = ranked(plans, prices, time.perf_counter() - t0)
+        paths = write_gpu_ranking(out, ranking)
+    except INPUT_ERRORS as e:
+        fail(str(e))
+    for line in answer_lines(ranking):
+        console.print("- " + rich_line(line), highlight=False)
+    console.print(f"planned in {ranking.elapsed_s:,.1f} s; wrote " + ", ".join(map(str, paths)))

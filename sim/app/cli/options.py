@@ -29,7 +29,8 @@ class Opt:
     """One command-line option: ``name`` is the RunConfig field and, with ``-`` for
     ``_``, the flag; ``type`` the type of one value; ``values`` an example of the list
     form ("" when sweep and plan do not vary it); ``flags`` the flag names when there are
-    several (an alias), else derived from ``name``."""
+    several (an alias), else derived from ``name``; ``hidden``: left out of ``--help``
+    (a command that refuses the option in one line, or sets it itself)."""
 
     name: str
     type: Any
@@ -37,10 +38,11 @@ class Opt:
     help: str
     values: str = ""
     flags: tuple[str, ...] = ()
+    hidden: bool = False
 
     def parameter(self) -> inspect.Parameter:
         """The keyword parameter typer turns into this option."""
-        info = typer.Option(*self.flags, help=self.help)
+        info = typer.Option(*self.flags, help=self.help, hidden=self.hidden)
         return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY,
                                  default=self.default, annotation=Annotated[self.type, info])
 
@@ -120,7 +122,11 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "(needs the tokenizers package: pip install 'servesim[tokenizer]')."),
     Opt("scenario", str | None, None, "Built-in scenario (see `servesim list`)."),
     Opt("arrival", str | None, None,
-        "Arrival process: poisson, gamma, constant, bursts (re-times a trace)."),
+        "Arrival process: poisson, gamma, constant, bursts, diurnal (a non-homogeneous "
+        "Poisson process at mean --rate, its rate swinging by --diurnal-amplitude over "
+        "24 h: lowest at t = 0, highest at 12 h) (re-times a trace)."),
+    Opt("diurnal_amplitude", float | None, None, "--arrival diurnal: the rate's swing "
+        "around its mean, a fraction in [0, 1] (default 0.5: from 0.5x to 1.5x --rate)."),
     Opt("rate", float | None, None, "Arrival rate in requests/s (a trace is re-timed by "
         "Poisson arrivals at this rate unless --arrival names another process, as vllm "
         "bench serve's --request-rate does; --time-scale replays its own arrivals faster).",
@@ -128,7 +134,9 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "--arrival names another process"),
     Opt("burstiness", float | None, None,
         "Gamma shape k (CV = 1/sqrt(k); inf = constant gaps).", "0.5,1,4 (1 = Poisson)"),
-    Opt("num_requests", int | None, None, "Requests to simulate."),
+    Opt("num_requests", int | None, None, "Requests to simulate (a trace re-timed by "
+        "--rate or --arrival is oversampled to it, as vllm bench serve does: copies of "
+        "random rows; one replayed with its own arrivals ends where it ends)."),
     Opt("window", float | None, None,
         "Keep trace arrivals within this many seconds of the first."),
     Opt("time_scale", float | None, None, "Speed a trace up (>1) or slow it down (<1)."),
@@ -167,6 +175,25 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "cache) or radix (SGLang's radix tree); prompts share blocks by Mooncake hash_ids or "
         "a scenario's prompt segments (docs/prefix_caching.md). Default: vLLM's, block where "
         "prompts carry content, else none (no hits possible).", "none,block,radix"),
+    Opt("disagg", str | None, None, "Prefill/decode disaggregation, xPyD: x prefill and y "
+        "decode engines, the KV cache sent between them (docs/disaggregation.md)."),
+    Opt("kv_link", str | None, None, "--disagg: the KV link, nvlink, ib, roce or tcp "
+        "(presets with their sources; default ib)."),
+    Opt("kv_link_gbps", float | None, None, "--disagg: the KV link's bandwidth in Gb/s "
+        "(gigabits) a GPU, instead of the preset's."),
+    Opt("kv_link_latency_us", float | None, None, "--disagg: the KV link's latency per "
+        "transfer in microseconds, instead of the preset's."),
+    Opt("disagg_min_prompt_tokens", int | None, None, "--disagg: a prompt shorter than this "
+        "prefills on its decode engine, no transfer (Dynamo's conditional "
+        "disaggregation; default 0: every prompt goes to the prefill pool)."),
+    Opt("prefill_max_num_seqs", int | None, None, "--disagg: max_num_seqs of the prefill "
+        "engines (default: --max-num-seqs)."),
+    Opt("prefill_max_num_batched_tokens", int | None, None, "--disagg: "
+        "max_num_batched_tokens of the prefill engines (default: --max-num-batched-tokens)."),
+    Opt("decode_max_num_seqs", int | None, None, "--disagg: max_num_seqs of the decode "
+        "engines (default: --max-num-seqs)."),
+    Opt("decode_max_num_batched_tokens", int | None, None, "--disagg: "
+        "max_num_batched_tokens of the decode engines (default: --max-num-batched-tokens)."),
 )}
 
 #: The API server's term (calibration/frontend.py): options of the commands that compare
@@ -233,8 +260,8 @@ def seeds(default: str, help: str) -> Opt:
 def declare(names: Iterable[str], axes: Collection[str] = (),
             **changes: dict[str, Any]) -> tuple[Opt, ...]:
     """The declared options ``names``, in that order; those in ``axes`` in their list form;
-    ``changes[name]`` a command's own ``default`` or ``help`` for one (KeyError for an
-    option not declared in OPTIONS)."""
+    ``changes[name]`` a command's own ``default``, ``help`` or ``hidden`` for one (KeyError
+    for an option not declared in OPTIONS)."""
     unknown = (set(axes) | set(changes)) - set(names)
     if unknown:
         raise KeyError(f"not among the command's options: {', '.join(sorted(unknown))}")

@@ -6,6 +6,7 @@ commands that use them."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -59,10 +60,23 @@ def run(
     parquet: Annotated[bool, typer.Option(
         "--parquet", help="Also write requests.parquet and steps.parquet (every step a "
         "row; needs pyarrow).")] = False,
+    parallel_windows: Annotated[str | None, typer.Option(
+        help="Replay the arrivals in windows of this length (e.g. 1h), each simulated "
+             "on a worker after a warm-up, their records merged (docs/scale.md).")] = None,
+    warmup: Annotated[str | None, typer.Option(
+        help="--parallel-windows: the arrivals before each window replayed first, their "
+             "records dropped (e.g. 10m; default 5m).")] = None,
+    backend: Annotated[str | None, typer.Option(
+        help="--parallel-windows: where windows run, local (processes) or ray "
+             "[default: local].")] = None,
+    workers: Annotated[int | None, typer.Option(
+        help="--parallel-windows: local worker processes [default: one per CPU].")] = None,
     **opts: Any,
 ) -> None:
     """Simulate one engine on a workload and write requests.csv, steps.csv, summary.json
-    and config.json to --out."""
+    and config.json to --out. One engine's records are streamed to --out as the run goes,
+    so memory does not grow with the requests; --replicas above 1, --bench-result,
+    --chrome-trace and --parquet hold every record in memory (docs/performance.md)."""
     from sim.app.runs.compare import base_options, parse_cells
     from sim.app.runs.extra_outputs import Extras
     from sim.app.runs.runner import RunConfig, prepare
@@ -70,12 +84,18 @@ def run(
     opts = config_options(ctx, opts)
     extras = Extras(bench_result, chrome_trace, parquet)
     try:
+        windows = _windows(parallel_windows, warmup, backend, workers, compare)
         cells = parse_cells(compare) if compare is not None else None
         _check_extras(extras, cells)
         cfg = RunConfig(**(opts if cells is None else base_options(opts, cells)))
+        if cfg.disagg is not None and extras.chrome_trace:
+            raise ValueError("--chrome-trace draws one track per replica; a --disagg run's "
+                             "two pools are not drawn yet: give it without --chrome-trace")
         out = out or Path("runs/compare" if cells is not None else "runs/latest")
         _check_out(cfg, cells, out, report)
         prep = prepare(cfg)
+        if windows is not None:
+            prep = windows.labelled(prep)
     except INPUT_ERRORS as e:
         fail(str(e))
     _print_engine(prep)
@@ -84,9 +104,26 @@ def run(
         if report:  # one report over every cell
             _write_report([out / c.dir_name for c in cells], out / "report.html")
         return
-    _single(prep, out, full_steps, extras)
+    _single(prep, out, full_steps, extras, windows)
     if report:
         _write_report([out], out / "report.html")
+
+
+def _windows(parallel_windows: str | None, warmup: str | None, backend: str | None,
+             workers: int | None, compare: str | None) -> Any:
+    """The --parallel-windows settings (sim/app/runs/window_replay.py), None without it;
+    ValueError for a bad one, a window option without it, or it with --compare."""
+    from sim.app.runs.window_replay import WindowSettings
+
+    if parallel_windows is None:
+        given = [f for f, v in (("--warmup", warmup), ("--backend", backend),
+                                ("--workers", workers)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} applies only with --parallel-windows")
+        return None
+    if compare is not None:
+        raise ValueError("--parallel-windows replays one run: give it without --compare")
+    return WindowSettings.parse(parallel_windows, warmup, backend, workers)
 
 
 def _check_out(cfg: Any, cells: list[Any] | None, out: Path, report: bool) -> None:
@@ -133,7 +170,7 @@ def _print_engine(prep: Any) -> None:
     cfg, bs = prep.config, prep.config.block_size
     console.print(f"workload: {len(prep.workload):,} requests ({prep.workload.source})")
     console.print(f"cost model: {prep.cost_model_label}")
-    for line in prep.warnings:
+    for line in (*prep.workload.notes, *prep.warnings):
         warn(line)
     console.print(f"# GPU blocks: {prep.num_gpu_blocks:,}; GPU KV cache size: "
                   f"{prep.num_gpu_blocks * bs:,} tokens")
@@ -143,23 +180,42 @@ def _print_engine(prep: Any) -> None:
         console.print(scale_out_line(cfg))
 
 
-def _single(prep: Any, out: Path, full_steps: bool, extras: Any) -> None:
-    """Simulate the one run, write its directory (with ``extras``' files) and print its
-    tables."""
-    from sim.app.runs.run_files import write_run
+def _single(prep: Any, out: Path, full_steps: bool, extras: Any,
+            windows: Any = None) -> None:
+    """Simulate the one run (in ``windows``, a WindowSettings, when given), write its
+    directory (with ``extras``' files) and print its tables."""
+    from sim.app.runs.run_files import run_streamed, streams_records, write_run
     from sim.engine import SchedulerStuck
 
     try:
-        result = _run_with_progress(prep)
-        write_run(out, prep, result, full_steps=full_steps, extras=extras)
+        if (windows is None and prep.config.disagg is None
+                and streams_records(prep, extras)):  # records never all held
+            with progress_bar() as bar:
+                task = bar.add_task("simulating", total=len(prep.workload), unit="requests")
+                summary = run_streamed(out, prep, lambda done: bar.update(task, completed=done),
+                                       full_steps)
+        elif (windows is not None and prep.config.disagg is None
+              and not extras.file_names()):  # written as the windows complete
+            summary = _windows_with_progress(prep, windows,
+                                             partial(windows.write, out, prep, full_steps))
+        else:
+            result = (_run_with_progress(prep) if windows is None
+                      else _windows_with_progress(prep, windows,
+                                                  partial(windows.simulate, prep)))
+            write_run(out, prep, result, full_steps=full_steps, extras=extras)
+            summary = result.summary
     except SchedulerStuck as e:
         fail(str(e))
     except INPUT_ERRORS as e:
         fail(str(e))
-    console.print(headline_table(result.summary))
-    console.print(summary_table(result.summary))
+    console.print(headline_table(summary))
+    console.print(summary_table(summary))
     if prep.config.replicas > 1:
-        console.print(replica_table(result.summary))
+        console.print(replica_table(summary))
+    if "disagg" in summary:
+        from sim.app.cli.disagg import disagg_table
+
+        console.print(disagg_table(summary))
     console.print(f"wrote {out}/" + ", ".join(
         ("requests.csv", "steps.csv", "summary.json", "config.json", *extras.file_names())))
 
@@ -188,6 +244,15 @@ def _run_with_progress(prep: Any) -> Any:
     with progress_bar() as bar:
         task = bar.add_task("simulating", total=len(prep.workload), unit="requests")
         return simulate_prepared(prep, progress=lambda done: bar.update(task, completed=done))
+
+
+def _windows_with_progress(prep: Any, windows: Any,
+                           replay: Callable[[Callable[[int], None]], Any]) -> Any:
+    """``replay(on_done)`` (``windows``' simulate or write, window_replay.WindowSettings)
+    with its windows done on the progress bar."""
+    with progress_bar() as bar:
+        task = bar.add_task("simulating windows", total=windows.count(prep), unit="windows")
+        return replay(lambda done: bar.update(task, completed=done))
 
 
 def _cells_on(bar: ProgressDisplay, task: Any) -> Callable[[Any], Any]:

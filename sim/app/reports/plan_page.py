@@ -18,7 +18,11 @@ from typing import Any
 
 import pandas as pd
 
-from sim.app.reports import trace_timing
+from sim.app.reports import by_window_page, trace_timing
+from sim.app.reports.deploy_section import deploy_html, deploy_markdown
+from sim.app.reports.markdown import md_inline, md_table
+from sim.app.runs import deploy_config
+from sim.app.runs.by_window import LoadOverDay
 from sim.app.runs.out_dir import write_files
 from sim.app.runs.plan import (
     BURSTINESS_LEVELS,
@@ -36,7 +40,8 @@ def _unit(res: PlanResult) -> str:
     return "req/s" if res.spec.load_axis == "rate" else "users"
 
 
-def _knobs(c: ConfigResult) -> str:
+def knobs_text(c: ConfigResult) -> str:
+    """A config's knobs as "max_num_seqs=8, ..." ("the base config" without any)."""
     return ", ".join(f"{k}={v}" for k, v in c.knobs.items()) or "the base config"
 
 
@@ -77,7 +82,7 @@ def _answer(res: PlanResult) -> list[str]:
              f"**SLO**: {spec.slo.describe()} (at least {spec.slo.percentile:g}% of all "
              "requests must meet each; a saturated run never passes)"]
     if best is None:
-        errs = "; ".join(f"{_knobs(c)}: {c.error}" for c in res.configs if c.error)
+        errs = "; ".join(f"{knobs_text(c)}: {c.error}" for c in res.configs if c.error)
         return [*lines, "**No config sustains any load within the SLOs**"
                 + (f" ({errs})" if errs else "")]
     med, lo, hi = best.interval(spec.load_axis)
@@ -88,7 +93,7 @@ def _answer(res: PlanResult) -> list[str]:
     if spec.load_axis == "concurrency":
         tm = best.throughput_interval()[0]
         per += f", i.e. {tm:,.3g} req/s"
-    lines += [per, f"**Config**: {_knobs(best)}; TP {best.tp} "
+    lines += [per, f"**Config**: {knobs_text(best)}; TP {best.tp} "
               f"({best.tp} GPU{'s' if best.tp > 1 else ''} per replica)"]
     if spec.target is None:
         lines.append(f"**Per GPU**: {med / best.tp:,.3g} {unit}; no --target given, so no "
@@ -131,7 +136,7 @@ def configs_frame(res: PlanResult) -> pd.DataFrame:
         med, lo, hi = c.interval(res.spec.load_axis)
         checks = res.checks.get(c.index, [])
         passing = [k.replicas for k in checks if k.passes]
-        row: dict[str, Any] = {"config": _knobs(c), "TP": c.tp,
+        row: dict[str, Any] = {"config": knobs_text(c), "TP": c.tp,
                                f"sustainable {unit} (median)": med, "min": lo, "max": hi,
                                f"{unit} per GPU": med / c.tp if c.tp else None}
         if res.spec.target is not None:
@@ -150,7 +155,7 @@ def checks_frame(res: PlanResult) -> pd.DataFrame:
         c = res.configs[idx]
         for k in checks:
             for p in k.probes:
-                rows.append({"config": _knobs(c), "replicas": k.replicas,
+                rows.append({"config": knobs_text(c), "replicas": k.replicas,
                              "GPUs": k.replicas * c.tp, "seed": p.seed, "offered": p.load,
                              "throughput (req/s)": p.throughput_rps,
                              "TTFT attainment": p.ttft_attainment,
@@ -166,7 +171,7 @@ def probes_frame(res: PlanResult) -> pd.DataFrame:
     for c in res.configs:
         for s in c.searches:
             for i, p in enumerate(s.probes):
-                rows.append({"config": _knobs(c), "seed": s.seed, "probe": i + 1,
+                rows.append({"config": knobs_text(c), "seed": s.seed, "probe": i + 1,
                              "load": p.load, "throughput (req/s)": p.throughput_rps,
                              "TTFT attainment": p.ttft_attainment,
                              "TPOT attainment": p.tpot_attainment, "p TTFT (s)": p.p_ttft_s,
@@ -229,7 +234,8 @@ def method_lines(res: PlanResult) -> list[str]:
         + ("each check replays the probes' requests at the target." if timed else
            "each check simulates "
            f"{spec.check_requests if spec.check_requests else 'num_requests x replicas'}"
-           " requests (with a trace, at most the whole trace)."),
+           " requests (a trace with fewer rows is oversampled: every row once, then "
+           "copies drawn with replacement)."),
         *trace_timing.method(res),
         "Burstiness: the chosen config at the per-replica operating load "
         f"({res.operating_load:.4g} {_unit(res)}) under gamma arrivals of shape k in "
@@ -246,52 +252,40 @@ def method_lines(res: PlanResult) -> list[str]:
     ]
 
 
-def markdown(res: PlanResult) -> str:
-    """capacity.md."""
+def markdown(res: PlanResult, windows: LoadOverDay | None = None) -> str:
+    """capacity.md (with ``windows``: the load over the day, --by-window)."""
     b = res.spec.base
     parts = [f"# Capacity plan: {b.model} on {b.gpu}", "", "## Answer", ""]
     parts += [f"- {line}" for line in answer_lines(res)]
     parts += ["", f"Planned in {res.elapsed_s:,.1f} s of wall time.", "",
-              "## Configs compared", "", _md_table(configs_frame(res))]
+              "## Configs compared", "", md_table(configs_frame(res))]
     if res.checks:
-        parts += ["", "## Cluster checks", "", _md_table(checks_frame(res))]
+        parts += ["", "## Cluster checks", "", md_table(checks_frame(res))]
     if res.other is not None:
         parts += ["", f"## {trace_timing.title(res)}", "", trace_timing.text(res), "",
-                  _md_table(trace_timing.frame(res))]
+                  md_table(trace_timing.frame(res))]
     if res.burstiness:
         parts += ["", f"## Sensitivity to burstiness (chosen config at "
                   f"{res.operating_load:.4g} {_unit(res)} per replica)", "",
-                  _md_table(burstiness_frame(res))]
+                  md_table(burstiness_frame(res))]
     if res.loops:
         parts += ["", "## Open vs closed loop at equal throughput", "",
-                  _md_table(loops_frame(res))]
+                  md_table(loops_frame(res))]
+    deploy = deploy_config.plan_deployment(res)
+    if deploy is not None:
+        parts += ["", "## Deploy", "", *deploy_markdown(deploy)]
+    parts += by_window_page.markdown_section(windows)
     parts += ["", "## Method", ""] + [f"- {m}" for m in method_lines(res)]
     return "\n".join(parts) + "\n"
 
 
-def _md_table(df: pd.DataFrame) -> str:
-    if df.empty:
-        return "(none)"
-
-    def fmt(x: Any) -> str:
-        if isinstance(x, bool):
-            return "yes" if x else "no"
-        if isinstance(x, float):
-            return "-" if x != x else f"{x:.4g}"
-        return "-" if x is None else str(x).replace("|", "/")
-    head = "| " + " | ".join(map(str, df.columns)) + " |"
-    sep = "|" + "---|" * len(df.columns)
-    rows = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, sep, *rows])
-
-
-def html_page(res: PlanResult) -> str:
+def html_page(res: PlanResult, windows: LoadOverDay | None = None) -> str:
     """capacity.html: the same as capacity.md, with the load curves."""
     from sim.app.reports.sweep_page import fig_html, page, table_html
 
     b = res.spec.base
     body = ["<h2>Answer</h2><div class='answer'><ul>"
-            + "".join(f"<li>{_md_inline(line)}</li>" for line in answer_lines(res))
+            + "".join(f"<li>{md_inline(line)}</li>" for line in answer_lines(res))
             + "</ul></div>",
             f"<p>Planned in {res.elapsed_s:,.1f} s of wall time.</p>",
             "<h2>Configs compared</h2>", table_html(configs_frame(res))]
@@ -304,7 +298,7 @@ def html_page(res: PlanResult) -> str:
         body += ["<h2>Cluster checks</h2>", table_html(checks_frame(res))]
     if res.other is not None:
         body += [f"<h2>{html.escape(trace_timing.title(res))}</h2>",
-                 f"<p>{_md_inline(trace_timing.text(res))}</p>",
+                 f"<p>{md_inline(trace_timing.text(res))}</p>",
                  table_html(trace_timing.frame(res))]
     if res.burstiness:
         body += [f"<h2>Sensitivity to burstiness (chosen config at "
@@ -312,20 +306,14 @@ def html_page(res: PlanResult) -> str:
                  table_html(burstiness_frame(res))]
     if res.loops:
         body += ["<h2>Open vs closed loop at equal throughput</h2>", table_html(loops_frame(res))]
+    deploy = deploy_config.plan_deployment(res)
+    if deploy is not None:
+        body += ["<h2>Deploy</h2>", deploy_html(deploy)]
+    body += by_window_page.html_section(windows)
     body += ["<h2>Method</h2><ul>"
-             + "".join(f"<li>{_md_inline(m)}</li>" for m in method_lines(res)) + "</ul>",
+             + "".join(f"<li>{md_inline(m)}</li>" for m in method_lines(res)) + "</ul>",
              "<h2>All probes</h2>", table_html(probes)]
     return page(f"Capacity plan: {b.model} on {b.gpu}", body)
-
-
-def _md_inline(text: str) -> str:
-    """Escape, then render **bold** and `code` as HTML."""
-    out = html.escape(text)
-    while out.count("**") >= 2:
-        out = out.replace("**", "<b>", 1).replace("**", "</b>", 1)
-    while out.count("`") >= 2:
-        out = out.replace("`", "<code>", 1).replace("`", "</code>", 1)
-    return out
 
 
 def load_figure(res: PlanResult, probes: pd.DataFrame) -> Any:
@@ -361,7 +349,7 @@ def load_figure(res: PlanResult, probes: pd.DataFrame) -> Any:
     return fig
 
 
-def to_json(res: PlanResult) -> dict[str, Any]:
+def to_json(res: PlanResult, windows: LoadOverDay | None = None) -> dict[str, Any]:
     """plan.json: the spec, every search and probe, the checks and the evidence."""
     def conv(x: Any) -> Any:
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -374,7 +362,7 @@ def to_json(res: PlanResult) -> dict[str, Any]:
             return None
         return x
     spec = res.spec
-    return conv({
+    out: dict[str, Any] = conv({
         "base": config_record(spec.base), "slo": spec.slo, "load_axis": spec.load_axis,
         "arrival": spec.arrival, "trace_timing": spec.trace,
         "target": spec.target, "router": spec.router, "seeds": list(spec.grid.seeds),
@@ -388,13 +376,21 @@ def to_json(res: PlanResult) -> dict[str, Any]:
         "operating_load": res.operating_load, "other_timing": trace_timing.record(res.other),
         "burstiness": [{"k": k, "probes": ps} for k, ps in res.burstiness],
         "open_vs_closed": res.loops, "elapsed_s": res.elapsed_s,
+        "deploy": deploy_config.record(deploy_config.plan_deployment(res)),
     })
+    if windows is not None:
+        out["by_window"] = by_window_page.record(windows)
+    return out
 
 
-def write_plan(out_dir: Path, res: PlanResult) -> list[Path]:
-    """capacity.md, capacity.html and plan.json in ``out_dir``, all three or none
+def write_plan(out_dir: Path, res: PlanResult,
+               windows: LoadOverDay | None = None) -> list[Path]:
+    """capacity.md, capacity.html, plan.json and vllm_serve.yaml (the chosen config to
+    deploy, sim/app/runs/deploy_config.py) in ``out_dir``, all or none
     (sim/app/runs/out_dir.py write_files); returns their paths."""
+    deploy = deploy_config.plan_deployment(res)
     return write_files(out_dir, {
-        "capacity.md": lambda: markdown(res),
-        "capacity.html": lambda: html_page(res),
-        "plan.json": lambda: json.dumps(to_json(res), indent=2) + "\n"})
+        "capacity.md": lambda: markdown(res, windows),
+        "capacity.html": lambda: html_page(res, windows),
+        "plan.json": lambda: json.dumps(to_json(res, windows), indent=2) + "\n",
+        deploy_config.SERVE_FILE: lambda: deploy_config.serve_file(deploy)})

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sim.app.runs.out_dir import GENERATOR_META, write_files
+from sim.app.runs.pareto import PER_GPU, PER_USER, frontier_frame, speeds
 from sim.app.runs.runner import RunConfig
 from sim.app.runs.sweep import Grid, aggregate
 
@@ -250,10 +251,62 @@ def sweep_page(df: pd.DataFrame, grid: Any, base: Any, elapsed_s: float | None) 
         return page("servesim sweep", body)
     body.append("<h2>Throughput and latency</h2>")
     body.append(fig_html(latency_curves(agg, load, others, base.slo_ttft, base.slo_tpot)))
+    body.extend(frontier_section(agg, axes))
     body.extend(_heatmap_sections(agg, load, varied, base))
     body.append("<h2>All cells (mean over seeds)</h2>")
     body.append(table_html(cells_table(agg, axes)))
     return page("servesim sweep", body)
+
+
+def frontier_section(agg: pd.DataFrame, axes: list[str]) -> list[str]:
+    """The Pareto frontier (sim/app/runs/pareto.py): its figure, labelled, and table."""
+    front = frontier_frame(agg, axes)
+    head = ["<h2>Pareto frontier: output tokens/s per GPU against per user</h2>",
+            "<p>Each cell's output throughput per GPU (replicas x TP) against one "
+            "request's output speed (1 / mean TPOT); the frontier joins the cells no other "
+            "beats on both (saturated cells left out). Also in frontier.csv.</p>"]
+    if front.empty:
+        return [*head, "<p>No unsaturated cell with a TPOT: no frontier.</p>"]
+    return [*head, fig_html(frontier_figure(agg, axes, front)), table_html(front)]
+
+
+SHORT_AXES = {"max_num_seqs": "seqs", "max_num_batched_tokens": "budget",
+              "gpu_memory_utilization": "mem", "long_prefill_token_threshold": "chunk cap",
+              "tensor_parallel_size": "TP", "prefix_cache": "cache"}
+"""Axis names as the frontier's point labels spell them (the others as they are)."""
+
+
+def _short_labels(cells: pd.DataFrame, axes: list[str]) -> list[str]:
+    """Each cell's values of the axes that vary over ``cells``, short ("seqs=128, TP 2")."""
+    varied = [a for a in axes if cells[a].nunique() > 1] or list(axes)
+    return [", ".join(f"{SHORT_AXES.get(a, a)}={v}" for a, v in zip(varied, vals, strict=True))
+            for vals in zip(*(cells[a].tolist() for a in varied), strict=True)]
+
+
+def frontier_figure(agg: pd.DataFrame, axes: list[str], front: pd.DataFrame) -> Any:
+    """Every cell (grey; saturated as x) and the frontier (a line, each point labelled
+    with the values of its cell's varied axes, alternately above and below so that
+    neighbours do not overlap, the fastest per user's to its left so that it stays on
+    the plot), output tokens/s per GPU against per user."""
+    import plotly.graph_objects as go
+
+    cells = speeds(agg)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=cells[PER_USER], y=cells[PER_GPU], mode="markers", name="cells",
+        marker={"color": "#bbb", "size": 8,
+                "symbol": ["x" if s else "circle" for s in cells["saturated"]]},
+        text=_short_labels(cells, axes)))
+    fig.add_trace(go.Scatter(
+        x=front[PER_USER], y=front[PER_GPU], mode="lines+markers+text", name="frontier",
+        text=_short_labels(front, axes), line={"color": "#d62728"},
+        textposition=[("top right" if i % 2 == 0 else "bottom left") if i < len(front) - 1
+                      else "top left" for i in range(len(front))],
+        marker={"size": 10, "color": "#d62728"}))
+    fig.update_xaxes(title_text="output tokens/s per user (1 / mean TPOT)")
+    fig.update_yaxes(title_text="output tokens/s per GPU")
+    fig.update_layout(height=480, margin={"t": 30, "r": 120})
+    return fig
 
 
 TABLE_COLUMNS = (("throughput_rps", "throughput (req/s)", 1.0),
@@ -299,12 +352,15 @@ def _heatmap_sections(agg: pd.DataFrame, load: str | None, varied: list[str],
 
 def write_sweep(out_dir: Path, df: pd.DataFrame, base: RunConfig, grid: Grid,
                 elapsed_s: float | None = None) -> list[Path]:
-    """sweep.csv (every row), sweep.json (the base config and the grid, to reproduce it)
-    and sweep.html (heatmaps and throughput-latency curves), all three or none
+    """sweep.csv (every row), sweep.json (the base config and the grid, to reproduce it),
+    frontier.csv (the Pareto frontier's cells, sim/app/runs/pareto.py) and sweep.html
+    (heatmaps, throughput-latency curves, the frontier), all or none
     (sim/app/runs/out_dir.py write_files); returns the paths."""
     info = {"base": dataclasses.asdict(base), "axes": {k: list(v) for k, v in grid.axes.items()},
             "seeds": list(grid.seeds), "num_cells": len(grid.cells()), "num_rows": len(df)}
     return write_files(out_dir, {
         "sweep.csv": lambda: df.to_csv(index=False),
         "sweep.json": lambda: json.dumps(info, indent=2) + "\n",
+        "frontier.csv": lambda: frontier_frame(aggregate(df, list(grid.axes)),
+                                               list(grid.axes)).to_csv(index=False),
         "sweep.html": lambda: sweep_page(df, grid, base, elapsed_s)})

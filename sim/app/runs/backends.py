@@ -1,8 +1,10 @@
 """Where many independent simulations run: a local process pool (the default) or a Ray
 cluster. Owns ``Executor.map``: apply a picklable top-level function to every item and
 return the results in item order, whatever order they finish in, so a sweep's output never
-depends on scheduling. One Executor keeps its pool (or its Ray connection) for its whole
-``with`` block, so a plan's many rounds pay the start-up once.
+depends on scheduling; and ``Executor.for_each``, which hands each result over in item
+order as soon as all before it are in and keeps none, for a caller that writes them out
+as they come (a window replay's records). One Executor keeps its pool (or its Ray
+connection) for its whole ``with`` block, so a plan's many rounds pay the start-up once.
 
 The Ray backend is optional (``pip install 'servesim[ray]'``); ray is imported only when
 asked for. With ``address`` it joins an existing cluster; without, it starts a local Ray
@@ -235,31 +237,45 @@ class Executor:
             on_done: Callable[[int], None] | None = None) -> list[R]:
         """``[fn(x) for x in items]`` in parallel, in item order; ``on_done(n)`` after
         each finished item."""
+        out: list[R] = []
+        self.for_each(fn, items, out.append, on_done)
+        return out
+
+    def for_each(self, fn: Callable[[T], R], items: Sequence[T],
+                 on_result: Callable[[R], None],
+                 on_done: Callable[[int], None] | None = None) -> None:
+        """``on_result(fn(x))`` for every item, in item order, each as soon as it and
+        every earlier item are done: only results that finish ahead of an earlier one
+        are held, and none once handed over, so a caller writing them out (a window
+        replay's records) holds a few at a time, not all. ``on_done(n)`` after each
+        finished item (in finish order). Whatever ``fn`` or ``on_result`` raises ends
+        the map (the remaining tasks cancelled) and is re-raised."""
         if self._ray is not None:
-            return self._map_ray(fn, items, on_done)
-        if self._pool is None or len(items) < 2:
-            out = []
+            self._each_ray(fn, items, on_result, on_done)
+        elif self._pool is None or len(items) < 2:
             for i, x in enumerate(items):
-                out.append(fn(x))
+                on_result(fn(x))
                 if on_done is not None:
                     on_done(i + 1)
-            return out
-        return self._map_pool(fn, items, on_done)
+        else:
+            self._each_pool(fn, items, on_result, on_done)
 
-    def _map_pool(self, fn: Callable[[T], R], items: Sequence[T],
-                  on_done: Callable[[int], None] | None) -> list[R]:
-        results: list[Any] = [None] * len(items)
+    def _each_pool(self, fn: Callable[[T], R], items: Sequence[T],
+                   on_result: Callable[[R], None],
+                   on_done: Callable[[int], None] | None) -> None:
+        """for_each on the local pool; a future is dropped once its result is taken
+        (as_completed drops its own references), so a result handed over is freed."""
         futures = self._submit_all(fn, items)
+        ahead = _InOrder(on_result)
         try:
             for done, fut in enumerate(as_completed(futures), start=1):
-                results[futures[fut]] = fut.result()
+                ahead.put(futures.pop(fut), fut.result())
                 if on_done is not None:
                     on_done(done)
         except BaseException:
             for fut in futures:
                 fut.cancel()
             raise
-        return results
 
     def _submit_all(self, fn: Callable[[T], R], items: Sequence[T]) -> dict[Future[R], int]:
         """Every item submitted to the pool (future: its index), from a helper thread. The
@@ -277,36 +293,66 @@ class Executor:
         with ThreadPoolExecutor(1, thread_name_prefix="servesim-submit") as submitter:
             return submitter.submit(submit_all).result()
 
-    def _map_ray(self, fn: Callable[[T], R], items: Sequence[T],
-                 on_done: Callable[[int], None] | None) -> list[R]:
-        """Ray's tasks, waited for on a helper thread: Ray runs Python's signal handlers
-        inside its own blocking calls and turns any exception they raise but
-        KeyboardInterrupt into a SystemError, whereas a helper thread runs none (Python
-        runs them on the main thread only), so a stop reaches this thread as it was
-        raised. On any exception the tasks are cancelled, force=True: their worker
-        processes are killed, not only the queued tasks dropped."""
+    def _each_ray(self, fn: Callable[[T], R], items: Sequence[T],
+                  on_result: Callable[[R], None],
+                  on_done: Callable[[int], None] | None) -> None:
+        """for_each on Ray: the tasks waited for on a helper thread, which also fetches
+        each result in item order, hands it to ``on_result`` and drops its reference
+        (freeing it in the object store). Ray runs Python's signal handlers inside its
+        own blocking calls and turns any exception they raise but KeyboardInterrupt into
+        a SystemError, whereas a helper thread runs none (Python runs them on the main
+        thread only), so a stop reaches this thread as it was raised. On any exception
+        the tasks are cancelled, force=True: their worker processes are killed, not only
+        the queued tasks dropped."""
         ray = self._ray
         remote = ray.remote(_run_shipped)
         if self._shipment_ref is None:
             self._shipment_ref = ray.put(self.shipment)
         refs: list[Any] = []
 
-        def wait_all() -> list[R]:
+        def take(i: int) -> None:
+            result = ray.get(refs[i])
+            refs[i] = None
+            on_result(result)
+
+        def wait_each() -> None:
+            index = {ref: i for i, ref in enumerate(refs)}
             pending = list(refs)
+            ahead = _InOrder(take)
             while pending:
-                _, pending = ray.wait(pending, num_returns=1)
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:  # its result stays in Ray's object store until taken
+                    i = index.pop(ref)
+                    ahead.put(i, i)
                 if on_done is not None:
                     on_done(len(refs) - len(pending))
-            return list(ray.get(refs))
 
         with ThreadPoolExecutor(1, thread_name_prefix="servesim-ray") as waiter:
             try:
                 refs.extend(remote.remote(self._shipment_ref, fn, x) for x in items)
-                return waiter.submit(wait_all).result()
+                waiter.submit(wait_each).result()
             except BaseException:
                 for ref in refs:  # a finished task's cancel does nothing
-                    ray.cancel(ref, force=True)
+                    if ref is not None:
+                        ray.cancel(ref, force=True)
                 raise
+
+
+class _InOrder:
+    """Results put by index in any order, handed to ``take`` in index order (0, 1, ...)
+    as soon as each and all before it are in; only those ahead of a missing one are
+    held. ``taken``: how many have been handed over."""
+
+    def __init__(self, take: Callable[[Any], None]) -> None:
+        self._take = take
+        self._ahead: dict[int, Any] = {}
+        self.taken = 0
+
+    def put(self, index: int, result: Any) -> None:
+        self._ahead[index] = result
+        while self.taken in self._ahead:
+            self._take(self._ahead.pop(self.taken))
+            self.taken += 1
 
 
 def map_ordered(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = None,
@@ -317,3 +363,14 @@ def map_ordered(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None
     with Executor(min(workers or default_workers(), max(len(items), 1)), backend,
                   address, shipment) as ex:
         return ex.map(fn, items, on_done)
+
+
+def for_each_ordered(fn: Callable[[T], R], items: Sequence[T], on_result: Callable[[R], None],
+                     *, workers: int | None = None, backend: str = "local",
+                     address: str | None = None, on_done: Callable[[int], None] | None = None,
+                     shipment: dict[Any, Any] | None = None) -> None:
+    """One ``Executor.for_each`` call in its own Executor (see Executor for the
+    arguments)."""
+    with Executor(min(workers or default_workers(), max(len(items), 1)), backend,
+                  address, shipment) as ex:
+        ex.for_each(fn, items, on_result, on_done)

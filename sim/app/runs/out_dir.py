@@ -9,7 +9,8 @@ never taken for debris, and never read as output).
 What servesim wrote is known by its mark: a run directory by its config.json (which
 records ``servesim_version``); an HTML page by ``GENERATOR_META`` in its head; a JSON
 file by ``servesim_version`` or a ``format`` of servesim's (``servesim-validation``); a
-PNG by a ``Software: servesim`` text chunk (``mark_png``). A file whose kind carries no
+PNG by a ``Software: servesim`` text chunk (``mark_png``); a YAML file (a plan's
+vllm_serve.yaml) by ``YAML_MARK`` as its first line. A file whose kind carries no
 mark (sweep.csv, capacity.md, sweep.json, plan.json) is replaced only with its command's
 set (``check_files``' names) when a marked member of that set is present and servesim's.
 Anything else at an output's place is refused before any work, in one line naming the
@@ -47,6 +48,11 @@ RUN_DIR_FILES = frozenset({"requests.csv", "steps.csv", "summary.json", "config.
 #: and sweep_page.py put it before the title, within the first bytes of the file).
 GENERATOR_META = f'<meta name="generator" content="servesim {VERSION}">'
 _HTML_MARK = b'<meta name="generator" content="servesim '
+#: The comment line that heads every YAML file servesim writes (a plan's vllm_serve.yaml,
+#: which a user may edit by hand: without the line it is theirs).
+YAML_MARK = f"# generator: servesim {VERSION}"
+_YAML_MARK = b"# generator: servesim "
+
 #: The PNG text chunk (keyword Software) that marks servesim's figures.
 _PNG_MARK = b"tEXtSoftware\x00servesim "
 _HEAD_BYTES = 4096
@@ -104,16 +110,19 @@ def _json_object(path: Path) -> dict[str, object] | None:
 
 def written_by_servesim(path: Path) -> bool | None:
     """Whether the file ``path`` carries servesim's mark: True when it does; False for an
-    HTML page or PNG without it (the kinds servesim always marks); None for a JSON file
-    without it and any other kind (CSV, Markdown), which carry no mark of their own."""
+    HTML page, PNG or YAML file without it (the kinds servesim always marks); None for a
+    JSON file without it and any other kind (CSV, Markdown), which carry no mark of their
+    own."""
     suffix = path.suffix.lower()
-    if suffix in (".html", ".htm", ".png"):
+    marks = {".html": _HTML_MARK, ".htm": _HTML_MARK, ".png": _PNG_MARK,
+             ".yaml": _YAML_MARK, ".yml": _YAML_MARK}
+    if suffix in marks:
         try:
             with path.open("rb") as f:
                 head = f.read(_HEAD_BYTES)
         except OSError:
             return False
-        return (_PNG_MARK if suffix == ".png" else _HTML_MARK) in head
+        return marks[suffix] in head
     if suffix == ".json":
         data = _json_object(path)
         if data is not None and ("servesim_version" in data or str(

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 from calibration.quantization import check_kv_cache_dtype, check_quantization_name
 from calibration.specs import DTYPE_BYTES, ModelSpec
 from policies.routers import ROUTERS, check_prefix_cache
+from scenarios.diurnal import check_amplitude
 from sim.app.runs.config_file import VLLM_DTYPES
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.device import default_device
+from sim.app.runs.pools import DISAGG_FIELDS, check_disagg
 from sim.app.runs.startup_checks import default_block_size, engine_platform
 from sim.config import PREFIX_CACHE_MODES
 from sim.latency_stats import check_slo_seconds
@@ -115,6 +117,17 @@ class RunConfig:
     think_time: float = 0.0
     trace_sample: bool | None = None
     prefix_cache: str | None = None
+    diurnal_amplitude: float | None = None
+    # Prefill/decode disaggregation (sim/app/runs/pools.py; None: an aggregated run).
+    disagg: str | None = None
+    kv_link: str | None = None
+    kv_link_gbps: float | None = None
+    kv_link_latency_us: float | None = None
+    disagg_min_prompt_tokens: int | None = None
+    prefill_max_num_seqs: int | None = None
+    prefill_max_num_batched_tokens: int | None = None
+    decode_max_num_seqs: int | None = None
+    decode_max_num_batched_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _check_conflicts(self)
@@ -147,6 +160,8 @@ class RunConfig:
             raise ValueError("tokenizer applies only with a trace (a ShareGPT file)")
         _check_scale_out(self)
         _check_prefix_cache(self)
+        _check_diurnal(self)
+        check_disagg(self)
 
 
 def dtype_name(dtype: str | None) -> str:
@@ -253,14 +268,28 @@ def config_record(cfg: RunConfig) -> dict[str, Any]:
     """config.json's fields of ``cfg``: every field, but allow_long_max_model_len only
     when set (read back, its absence is False) and the roofline_* fields only when set
     (a run prepare resolved has them when the roofline priced it, and only then), and
-    tokenizer only when set (only a ShareGPT trace needs one)."""
+    tokenizer and diurnal_amplitude only when set (only a ShareGPT trace needs the one,
+    only the diurnal process the other), and the disaggregation fields only when set
+    (an aggregated run has none)."""
     out = dataclasses.asdict(cfg)
     if not cfg.allow_long_max_model_len:
         del out["allow_long_max_model_len"]
-    for name in (*ROOFLINE_FIELDS, "tokenizer"):
+    for name in (*ROOFLINE_FIELDS, "tokenizer", "diurnal_amplitude", "disagg",
+                 *DISAGG_FIELDS):
         if out[name] is None:
             del out[name]
     return out
+
+
+def _check_diurnal(cfg: RunConfig) -> None:
+    """diurnal_amplitude: a fraction in [0, 1], for arrival 'diurnal' only (ValueError
+    naming the field)."""
+    if cfg.diurnal_amplitude is None:
+        return
+    if cfg.arrival != "diurnal":
+        raise ValueError(f"diurnal_amplitude applies to --arrival diurnal only, got "
+                         f"arrival {cfg.arrival!r}")
+    check_amplitude(cfg.diurnal_amplitude)
 
 
 def _check_prefix_cache(cfg: RunConfig) -> None:

@@ -1,11 +1,15 @@
 """A run directory's files: requests.csv, steps.csv (run-length compressed unless asked
 otherwise), summary.json and config.json, the resolved config that reproduces the run
-(sim/app/runs/config_file.py reads it back), written whole or not at all."""
+(sim/app/runs/config_file.py reads it back), written whole or not at all: from a
+finished run's tables (write_run), or streamed into the staged directory while the run
+goes, so that memory does not grow with the requests (run_streamed; run_spooled for
+a run that streams its own records, a window replay)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +19,10 @@ from sim.app.runs.config_file import VERSION, trace_record
 from sim.app.runs.extra_outputs import Extras, write_extras
 from sim.app.runs.out_dir import commit_dirs, stage_dir
 from sim.app.runs.run_config import config_record
-from sim.app.runs.runner import Prepared
+from sim.app.runs.runner import Prepared, engine_args
 from sim.metrics import compress_steps
-from sim.simulate import SimResult
+from sim.record_spool import RecordSpool
+from sim.simulate import SimResult, simulate_streamed
 from sim.table import write_csv
 
 
@@ -74,3 +79,53 @@ def stage_run(out_dir: Path, prep: Prepared, result: SimResult,
             write_extras(tmp, prep, result, extras)
 
     return stage_dir(out_dir, write)
+
+
+def streams_records(prep: Prepared, extras: Extras | None = None) -> bool:
+    """Whether ``servesim run`` streams its records (run_streamed) rather than holding
+    them: one engine (a cluster merges its replicas' records in memory) and no optional
+    file that needs the whole tables (--bench-result, --chrome-trace, --parquet)."""
+    return prep.config.replicas == 1 and (extras is None or not extras.file_names())
+
+
+def run_streamed(out_dir: Path, prep: Prepared, progress: Callable[[int], None] | None = None,
+                 full_steps: bool = False) -> dict[str, Any]:
+    """Simulate ``prep`` with requests.csv and steps.csv written into the staged
+    ``out_dir`` as the run goes (sim/record_spool.py), then summary.json and config.json,
+    and swap it in; the same files, byte for byte, as simulate_prepared + write_run.
+    Returns summary.json's dict. On any error (SchedulerStuck, an interrupt) the staging
+    is removed and nothing is written. Raises ValueError as write_run. One engine only
+    (streams_records)."""
+    summary: dict[str, Any] = {}
+
+    def write(tmp: Path) -> None:
+        arrivals, common = engine_args(prep, progress)
+        spool = RecordSpool(tmp, prep.num_gpu_blocks, full_steps)
+        try:
+            one = simulate_streamed(arrivals, spool, **common)
+        finally:
+            spool.close()
+        summary.update(one, replicas=[{"replica": 0, "num_routed": len(prep.workload), **one}])
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
+
+    commit_dirs([(stage_dir(out_dir, write), Path(out_dir))])
+    return summary
+
+
+def run_spooled(out_dir: Path, prep: Prepared, records: Callable[[Path], dict[str, Any]]
+                ) -> dict[str, Any]:
+    """run_streamed for a run that streams its own records: ``records(tmp)`` writes
+    requests.csv and steps.csv into the staged ``out_dir`` and returns summary.json's dict
+    (sim/app/runs/window_replay.py spool_windows); then summary.json and config.json are
+    written and the directory swapped in. Returns the summary. On any error the staging
+    is removed and nothing is written; ValueError as write_run."""
+    summary: dict[str, Any] = {}
+
+    def write(tmp: Path) -> None:
+        summary.update(records(tmp))
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(resolved_config(prep), indent=2) + "\n")
+
+    commit_dirs([(stage_dir(out_dir, write), Path(out_dir))])
+    return summary

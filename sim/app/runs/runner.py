@@ -37,8 +37,10 @@ from sim.app.runs.defaults import (
     default_prefix_cache,
 )
 from sim.app.runs.device import check_cpu_pool, profile_kv_cache_bytes, run_device
-from sim.app.runs.prompt_content import prompt_content, workload_segments
+from sim.app.runs.disagg import simulate_disagg_prepared
+from sim.app.runs.prompt_content import workload_segments
 from sim.app.runs.resources import check_memory
+from sim.app.runs.run_arrivals import arrival_source
 from sim.app.runs.run_config import MAX_REPLICAS as MAX_REPLICAS
 from sim.app.runs.run_config import ROOFLINE_FIELDS, RunConfig, check_router, sample_trace
 from sim.app.runs.startup_checks import (
@@ -49,9 +51,9 @@ from sim.app.runs.startup_checks import (
 )
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
-from sim.engine import ReleaseHook, StepExecutor, StepObserver
+from sim.engine import StepExecutor, StepObserver
 from sim.simulate import SimResult, simulate
-from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals
+from sim.source import ArrivalSource
 
 if TYPE_CHECKING:
     from calibration.profile import MeasuredRange, Profile
@@ -148,6 +150,7 @@ def _workload(cfg: RunConfig) -> Workload:
         burstiness=cfg.burstiness, num_requests=cfg.num_requests, window_s=cfg.window,
         time_scale=cfg.time_scale, max_tokens=cfg.max_tokens, seed=cfg.seed,
         trace_sample=sample_trace(cfg), tokenizer=cfg.tokenizer,
+        diurnal_amplitude=cfg.diurnal_amplitude,
     )
 
 
@@ -348,21 +351,13 @@ def simulate_prepared(
     fast_path: bool = True,
 ) -> SimResult:
     """Run the engine over the prepared workload; ``progress(num_done)`` is called about
-    100 times over the workload's arrival span; ``observer`` after every step (see
-    sim.engine.StepObserver; the slot diagram uses it); ``executor`` runs every step for
-    real and times it instead of the cost model (sim.engine.StepExecutor; validation);
-    ``fast_path`` False runs the step-by-step reference (sim/fastpath.py)."""
+    100 times over the arrival span; ``observer`` after every step (StepObserver: the slot
+    diagram); ``executor`` runs and times every step for real instead of the cost model
+    (StepExecutor: validation); ``fast_path`` False: the step-by-step reference."""
     w, cfg = prep.workload, prep.config
-    check_router(cfg, prep.scheduler.prefix_cache)
-    arrivals, on_release = arrival_source(prep)
-    span = float(w.arrival_time[-1] - w.arrival_time[0]) if len(w) else 0.0
-    common: dict[str, Any] = dict(
-        policy_factory=get_policy_class(cfg.policy), config=prep.scheduler,
-        cost_model=prep.cost_model, num_gpu_blocks=prep.num_gpu_blocks,
-        block_size=cfg.block_size, slo_ttft_s=cfg.slo_ttft, slo_tpot_s=cfg.slo_tpot,
-        progress=progress, on_release=on_release,
-        slice_s=span / 100 if span > 0 and cfg.concurrency is None else math.inf,
-    )
+    if cfg.disagg is not None:
+        return simulate_disagg_prepared(prep, progress, fast_path, observer or executor)
+    arrivals, common = engine_args(prep, progress)
     if cfg.replicas > 1:
         if observer is not None or executor is not None:
             raise ValueError("a step observer (slot diagram) or executor (validation) needs "
@@ -378,17 +373,16 @@ def simulate_prepared(
     return result
 
 
-def arrival_source(prep: Prepared) -> tuple[ArrivalSource, ReleaseHook | None]:
-    """The run's arrival source and the release hook it needs: the workload's own
-    arrivals (open loop), or closed-loop users over its rows (``concurrency``)."""
+def engine_args(prep: Prepared, progress: Callable[[int], None] | None = None
+                ) -> tuple[ArrivalSource, dict[str, Any]]:
+    """The run's arrival source and the arguments of simulate every engine shares."""
     w, cfg = prep.workload, prep.config
-    assert cfg.block_size is not None, "RunConfig resolves the block size"
-    content = (prompt_content(w, cfg.block_size, cfg.replicas)
-               if prep.scheduler.prefix_cache != "none" else None)
-    if cfg.concurrency is None:
-        return ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
-                              w.max_tokens, w.priority, w.request_id, content), None
-    src = ClosedLoopArrivals(w.num_prompt_tokens, w.output_len, w.max_tokens,
-                             cfg.concurrency, cfg.think_time, w.priority, w.request_id,
-                             content)
-    return src, src.release
+    check_router(cfg, prep.scheduler.prefix_cache)
+    arrivals, on_release = arrival_source(w, cfg, prep.scheduler.prefix_cache)
+    span = float(w.arrival_time[-1] - w.arrival_time[0]) if len(w) else 0.0
+    return arrivals, dict(
+        policy_factory=get_policy_class(cfg.policy), config=prep.scheduler,
+        cost_model=prep.cost_model, num_gpu_blocks=prep.num_gpu_blocks,
+        block_size=cfg.block_size, slo_ttft_s=cfg.slo_ttft, slo_tpot_s=cfg.slo_tpot,
+        progress=progress, on_release=on_release,
+        slice_s=span / 100 if span > 0 and cfg.concurrency is None else math.inf)

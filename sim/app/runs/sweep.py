@@ -244,6 +244,9 @@ def check_cells(base: RunConfig, grid: Grid,
     run is left to run and report its error (sweep.csv's ``error``, the plan's note);
     when no cell can, raise the first one's ValueError, prefixed with its knobs when
     there are several cells."""
+    if base.disagg is not None:
+        raise ValueError("--disagg runs with `servesim run` only: sweeps and plans over "
+                         "xPyD pools are not built yet (docs/disaggregation.md)")
     check_router_cells(base, grid)
     workloads: dict[tuple[Any, ...], str | None] = {}  # a load's workload error, if any
     first, runnable = None, False

@@ -1,0 +1,169 @@
+"""A plan's answer as a deployment: the ``vllm serve --config`` YAML of the chosen engine
+config (vLLM's EngineArgs keys, the ones sim/app/runs/config_file.py VLLM_KEYS reads
+back, each pinned to the value the plan simulated rather than left to a vLLM default
+that may change), the command line per replica, and what servesim leaves to the
+operator (docs/capacity.md, "A config to deploy").
+
+``servesim run --config vllm_serve.yaml --gpu GPU`` reads the YAML back into the same
+engine config (tests/test_deploy_config.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sim.app.runs.out_dir import YAML_MARK
+from sim.app.runs.plan import PlanResult
+from sim.app.runs.runner import Prepared, RunConfig, prepare
+
+SERVE_FILE = "vllm_serve.yaml"
+"""The YAML's file name in a plan's output directory."""
+
+NOTHING_TO_DEPLOY = (f"{YAML_MARK}\n# servesim plan chose no config (see capacity.md), so "
+                     f"{SERVE_FILE} holds no settings\n")
+"""vllm_serve.yaml of a plan without a chosen config: every plan writes the same files,
+so that none is left over from an earlier plan into the same directory."""
+
+#: GPUs per node the commands assume: an HGX/DGX board holds 8 (the 8-GPU instances of the
+#: clouds, e.g. AWS p5.48xlarge, GCP a3-highgpu-8g, Azure ND H100 v5), so replicas wrap to
+#: the next node there and every TP of 1, 2, 4, 8 fills a node evenly.
+GPUS_PER_NODE = 8
+
+#: servesim's dtype names as vLLM's --dtype spells them.
+VLLM_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+DECIDED_ELSEWHERE = (
+    "servesim does not decide the networking (the load balancer in front of the replicas, "
+    "its health checks and timeouts, TLS, ports), the autoscaler's settings (the plan "
+    "sizes a fixed fleet for one target rate), which machines are the nodes (the commands "
+    f"assume {GPUS_PER_NODE} GPUs each), the "
+    "container image and vLLM version, nor the tokenizer, chat template and sampling "
+    "defaults: the YAML pins the engine's batch and memory settings only.")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The chosen config as ``vllm serve`` runs it: ``serve`` the YAML's keys in vLLM's
+    spelling, ``replicas`` x ``tensor_parallel_size`` GPUs of ``gpu`` behind a
+    ``router``, ``notes`` on what the YAML cannot carry."""
+
+    serve: dict[str, Any]
+    gpu: str
+    replicas: int | None
+    tensor_parallel_size: int
+    router: str
+    notes: tuple[str, ...] = ()
+
+    def yaml(self) -> str:
+        """The YAML file: one ``key: value`` line per key (JSON scalars, which YAML
+        reads as the same values), after servesim's mark (out_dir.YAML_MARK: a file
+        without it is the user's, never replaced) and a comment naming the fleet."""
+        size = (f"{self.replicas} replica(s) x TP {self.tensor_parallel_size}"
+                if self.replicas else f"TP {self.tensor_parallel_size} per replica")
+        head = [YAML_MARK, f"# vllm serve --config {SERVE_FILE}: {size} on {self.gpu} "
+                "(servesim plan's chosen config)"]
+        return "\n".join(head + [f"{k}: {json.dumps(v)}" for k, v in self.serve.items()]) + "\n"
+
+    def commands(self) -> list[str]:
+        """The shell command per replica, its node (1, 2, ...) in a trailing comment so
+        each line pastes as it is: replicas fill
+        a node of GPUS_PER_NODE GPUs in order, each on its own TP GPUs and port
+        (8000 up, per node); a replica wider than a node spans whole nodes of its own
+        (vLLM runs it over a Ray cluster)."""
+        tp, n = self.tensor_parallel_size, self.replicas or 1
+        serve = f"vllm serve --config {SERVE_FILE}"
+        if tp > GPUS_PER_NODE:
+            span = math.ceil(tp / GPUS_PER_NODE)
+            return [f"{serve} --port 8000  # nodes {i * span + 1}-{(i + 1) * span}: TP {tp} "
+                    f"spans {span} nodes, start a Ray cluster on them first"
+                    for i in range(n)]
+        per_node = GPUS_PER_NODE // tp
+        lines = []
+        for i in range(n):
+            slot = i % per_node
+            devices = ",".join(str(d) for d in range(slot * tp, (slot + 1) * tp))
+            lines.append(f"CUDA_VISIBLE_DEVICES={devices} {serve} --port {8000 + slot}"
+                         f"  # node {i // per_node + 1}")
+        return lines
+
+
+def serve_keys(prep: Prepared) -> dict[str, Any]:
+    """vLLM serve keys of a prepared run, each as the run resolved it."""
+    cfg, sched = prep.config, prep.scheduler
+    assert prep.model is not None, "a prepared run has its model"
+    model = prep.model.hf_id if cfg.model == prep.model.name else cfg.model
+    keys: dict[str, Any] = {
+        "model": model,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "dtype": VLLM_DTYPE_NAMES.get(str(cfg.dtype), cfg.dtype),
+        "max_model_len": sched.max_model_len,
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "block_size": cfg.block_size,
+        "enable_prefix_caching": sched.prefix_cache != "none",
+        "enable_chunked_prefill": cfg.policy == "chunked",
+        "kv_cache_dtype": cfg.kv_cache_dtype,
+    }
+    if cfg.quantization is not None:
+        keys["quantization"] = cfg.quantization
+    if sched.long_prefill_token_threshold:
+        keys["long_prefill_token_threshold"] = sched.long_prefill_token_threshold
+    if cfg.num_gpu_blocks is not None:
+        keys["num_gpu_blocks_override"] = cfg.num_gpu_blocks
+    return keys
+
+
+def notes(prep: Prepared) -> tuple[str, ...]:
+    """What the YAML does not carry of the planned run."""
+    cfg, out = prep.config, []
+    if cfg.policy not in ("chunked", "continuous"):
+        out.append(f"policy {cfg.policy} has no vLLM setting: vLLM schedules as chunked "
+                   "(enable_chunked_prefill true) or continuous (false) batching")
+    if prep.scheduler.prefix_cache == "radix":
+        out.append("the plan used SGLang's radix cache, which vLLM does not have "
+                   "(enable_prefix_caching is vLLM's block cache); SGLang's equivalent: "
+                   f"python -m sglang.launch_server --model-path {serve_keys(prep)['model']} "
+                   f"--tp {cfg.tensor_parallel_size} --max-running-requests "
+                   f"{prep.scheduler.max_num_seqs} --chunked-prefill-size "
+                   f"{prep.scheduler.max_num_batched_tokens} --mem-fraction-static "
+                   f"{cfg.gpu_memory_utilization:g}")
+    if cfg.kv_cache_memory_bytes is not None:
+        out.append(f"--kv-cache-memory {cfg.kv_cache_memory_bytes} is not written: "
+                   "servesim's YAML reader does not take it back")
+    return tuple(out)
+
+
+def deployment(config: RunConfig, replicas: int | None, router: str) -> Deployment:
+    """The Deployment of engine config ``config`` (a plan's chosen config, any load),
+    ``replicas`` of it behind ``router``."""
+    prep = prepare(dataclasses.replace(config, replicas=1, num_requests=1))
+    assert prep.config.gpu is not None, "RunConfig resolves the GPU"
+    return Deployment(serve_keys(prep), prep.config.gpu, replicas,
+                      config.tensor_parallel_size, router, notes(prep))
+
+
+def serve_file(d: Deployment | None) -> str:
+    """vllm_serve.yaml's text: the Deployment's YAML, or NOTHING_TO_DEPLOY."""
+    return d.yaml() if d is not None else NOTHING_TO_DEPLOY
+
+
+def plan_deployment(res: PlanResult) -> Deployment | None:
+    """The Deployment of a plan's chosen config at its replicas (None without a chosen
+    config)."""
+    if res.best is None:
+        return None
+    return deployment(res.best.config, res.replicas, res.spec.router)
+
+
+def record(d: Deployment | None) -> dict[str, Any] | None:
+    """plan.json's ``deploy``: the YAML's keys, the fleet and the commands."""
+    if d is None:
+        return None
+    return {"file": SERVE_FILE, "vllm_serve": d.serve, "gpu": d.gpu, "replicas": d.replicas,
+            "tensor_parallel_size": d.tensor_parallel_size, "router": d.router,
+            "commands": d.commands(), "notes": list(d.notes)}

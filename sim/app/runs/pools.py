@@ -1,0 +1,110 @@
+"""A disaggregated run's settings (``servesim run --disagg xPyD``): its pools (the xPyD
+form), their vLLM knobs, the KV link, checked with the RunConfig (``check_disagg``);
+the link (``link_spec``: a --kv-link preset, its figures overridden by --kv-link-gbps /
+--kv-link-latency-us) and each pool's scheduler config (the run's, with the pool's batch
+limits). ``cfg`` below is a RunConfig (typed Any: run_config imports this module)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+from sim.config import SchedulerConfig
+from sim.disagg.link_spec import GBIT, KV_LINKS, LinkSpec
+
+#: The link a disaggregated run gets when it names none (one NDR InfiniBand port a GPU).
+DEFAULT_KV_LINK = "ib"
+
+#: Most replicas a pool may have (each engine is simulated in this process).
+MAX_POOL_REPLICAS = 256
+
+_XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
+
+#: The per-pool vLLM knobs: RunConfig fields, each the run's field of that name for one
+#: pool.
+POOL_KNOBS = ("prefill_max_num_seqs", "prefill_max_num_batched_tokens",
+              "decode_max_num_seqs", "decode_max_num_batched_tokens")
+
+#: The fields that apply to a disaggregated run only.
+DISAGG_FIELDS = ("kv_link", "kv_link_gbps", "kv_link_latency_us",
+                 "disagg_min_prompt_tokens", *POOL_KNOBS)
+
+
+def parse_disagg(text: str) -> tuple[int, int]:
+    """(prefill replicas, decode replicas) of ``text`` in xPyD form ("1P1D", "2P4D").
+    Raises ValueError naming disagg and the form."""
+    m = _XPYD.match(text.strip())
+    x, y = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if not (1 <= x <= MAX_POOL_REPLICAS and 1 <= y <= MAX_POOL_REPLICAS):
+        raise ValueError(f"disagg must be xPyD with 1 <= x, y <= {MAX_POOL_REPLICAS} prefill "
+                         f"and decode replicas (e.g. 1P1D, 2P4D), got {text!r}")
+    return x, y
+
+
+def check_disagg(cfg: Any) -> None:
+    """The disaggregation fields of ``cfg``, checked once (ValueError naming the field):
+    the xPyD form; a preset link name; a bandwidth > 0 and a latency >= 0; integers >= 0
+    (min prompt tokens) and >= 1 (pool knobs); and the run options it cannot take yet."""
+    if cfg.disagg is None:
+        given = [f for f in DISAGG_FIELDS if getattr(cfg, f) is not None]
+        if given:
+            raise ValueError(f"{given[0]} applies to disaggregated runs only: give --disagg "
+                             "xPyD")
+        return
+    parse_disagg(cfg.disagg)
+    if cfg.kv_link is not None and cfg.kv_link not in KV_LINKS:
+        raise ValueError(f"kv_link must be one of {', '.join(KV_LINKS)}, got {cfg.kv_link!r}")
+    gbps, us = cfg.kv_link_gbps, cfg.kv_link_latency_us
+    if gbps is not None and not (gbps > 0 and math.isfinite(gbps)):
+        raise ValueError(f"kv_link_gbps must be a finite number > 0 Gb/s, got {gbps}")
+    if us is not None and not (us >= 0 and math.isfinite(us)):
+        raise ValueError(f"kv_link_latency_us must be a finite number >= 0 us, got {us}")
+    _check_ints(cfg)
+    for field, value, allowed in (("replicas", cfg.replicas, 1),
+                                  ("concurrency", cfg.concurrency, None)):
+        if value != allowed:
+            raise ValueError(f"{field} {value} conflicts with disagg {cfg.disagg}: the pools "
+                             "are its replicas, and it takes open-loop arrivals")
+    if cfg.prefix_cache not in (None, "none"):
+        raise ValueError(f"prefix_cache {cfg.prefix_cache} conflicts with disagg "
+                         f"{cfg.disagg}: disaggregated runs have no prefix cache yet")
+
+
+def _check_ints(cfg: Any) -> None:
+    low = {"disagg_min_prompt_tokens": 0, **dict.fromkeys(POOL_KNOBS, 1)}
+    for field, least in low.items():
+        value = getattr(cfg, field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < least):
+            raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
+
+
+def link_spec(cfg: Any) -> LinkSpec:
+    """The run's KV link: --kv-link's preset (DEFAULT_KV_LINK when none), with its
+    bandwidth and latency replaced by --kv-link-gbps / --kv-link-latency-us when given."""
+    base = KV_LINKS[cfg.kv_link or DEFAULT_KV_LINK]
+    if cfg.kv_link_gbps is None and cfg.kv_link_latency_us is None:
+        return base
+    return LinkSpec(
+        base.name if cfg.kv_link_gbps is None else "custom",
+        base.bandwidth_bytes_per_s if cfg.kv_link_gbps is None else cfg.kv_link_gbps * GBIT,
+        base.latency_s if cfg.kv_link_latency_us is None else cfg.kv_link_latency_us * 1e-6)
+
+
+def pool_config(sched: SchedulerConfig, cfg: Any, pool: str) -> SchedulerConfig:
+    """``pool``'s ("prefill" or "decode") scheduler config: the run's without a prefix
+    cache, with the pool's max_num_seqs / max_num_batched_tokens where given. Raises
+    ValueError naming the pool's field for what the config refuses."""
+    seqs = getattr(cfg, f"{pool}_max_num_seqs")
+    tokens = getattr(cfg, f"{pool}_max_num_batched_tokens")
+    try:
+        return dataclasses.replace(
+            sched, prefix_cache="none",
+            max_num_seqs=sched.max_num_seqs if seqs is None else seqs,
+            max_num_batched_tokens=sched.max_num_batched_tokens if tokens is None else tokens)
+    except ValueError as e:
+        raise ValueError(f"{pool}_{e}") from None
+
+

@@ -1,0 +1,223 @@
+"""Chunk runs: the fast path's runs of one request's prefill chunks beside the decode
+group (a SteadyDecode with ``prefill``: chunked's promise for the steps that admit a
+request and prefill it while the group decodes). Which steps are safe
+(``plan_chunk_run``) and what they do (``apply_chunk_run``), with the results of the
+step-by-step engine: the same step times summed in the same order, one step row each,
+the ITL samples booked in the same order. sim/fastpath.py's FastPath calls both;
+tests/test_prefill_runs.py compares the paths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from sim.batch import BatchShape, SteadyDecode, chunk_shape
+from sim.decode_group import DecodeGroup
+from sim.kv.block_pool import KVCacheManager
+from sim.metrics import Recorder, StepRow
+from sim.request import Request
+
+#: A planned chunk run: step boundaries (s), step durations (s), the prefill's tokens in
+#: each step, and whether its last step samples a token (else none does: a lone
+#: prefill's chunks before its last).
+ChunkPlan = tuple[list[float], list[float], list[int], bool]
+
+
+def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
+                   step_time: Callable[[BatchShape], float], now: float, max_steps: int,
+                   next_arrival: float | None, end_before: float | None) -> ChunkPlan | None:
+    """The longest safe run of ``steady``'s group beside its prefill's chunks, from
+    ``now`` (s): up to the step in which a member finishes or the prefill samples (its
+    last chunk, when the promise covers it), while the blocks of both fit, at most
+    ``max_steps``, cut before an arrival or a routing instant as step_times cuts. One
+    step is worth a run: it skips schedule(). None when no step is safe."""
+    group, prefill = steady.group, steady.prefill
+    assert group is not None and prefill is not None, "a prefill runs beside a group"
+    req = prefill.request
+    to_finish = group.steps_to_first_finish()
+    limit = max_steps if to_finish is None else min(to_finish + 1, max_steps)
+    rest = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+    chunks = prefill_chunks(rest, prefill.chunk, prefill.covers_last, limit)
+    chunks = chunks[:prefill_safe_steps(group, req, chunks, kv.block_size,
+                                        kv.num_free_blocks)]
+    if not chunks:
+        return None
+    times, dts = prefill_step_times(steady, chunks, step_time, now, next_arrival, end_before)
+    if len(times) < 2:
+        return None
+    k = len(dts)
+    return times, dts, chunks[:k], bool(group.members) or sum(chunks[:k]) == rest
+
+
+def apply_chunk_run(steady: SteadyDecode, plan: ChunkPlan, kv: KVCacheManager,
+                    rec: Recorder, num_waiting: int, max_num_seqs: int) -> list[Request]:
+    """What the planned steps would have done one by one: blocks, tokens, ITL samples
+    and step rows (``num_waiting`` and ``max_num_seqs`` for the rows). The group's
+    blocks for the whole run are handed out before the prefill's (the plain pool's
+    block ids are read by nothing; a prefix cache never makes this promise). Returns the
+    requests that sampled their last token in the last step: members, then the
+    prefill's request."""
+    times, _, chunks, _ = plan
+    group, prefill = steady.group, steady.prefill
+    assert group is not None and prefill is not None
+    req, k = prefill.request, len(chunks)
+    if req.first_scheduled_time is None:  # admitted for the run's first step
+        req.first_scheduled_time = times[0]
+    members = bool(group.members)
+    group_blocks = group.allocate_for_steps(k, kv.num_free_blocks) if members else [0] * k
+    assert group_blocks is not None, "fast path: blocks checked by prefill_safe_steps"
+    _record(steady, plan, group_blocks, kv, rec, num_waiting, max_num_seqs)
+    c = req.num_computed_tokens + sum(chunks)
+    if kv.allocate_up_to(req, c) is None:
+        raise AssertionError("fast path: blocks checked by prefill_safe_steps did not fit")
+    req.num_computed_tokens = c
+    done = _book(req, group, times, rec)
+    finished = group.advance(k, times[k]) if members else []
+    finished.extend(done)
+    return finished
+
+
+def _book(req: Request, group: DecodeGroup, times: list[float], rec: Recorder
+          ) -> list[Request]:
+    """A chunk run's ITL samples in the step-by-step engine's order (in a step, the
+    prefill's token before the members': Engine._apply, then _apply_group), and the
+    token its last chunk samples (the first sets first_token_time; a recomputed
+    request's is an ITL sample). Returns [req] when that token was its last."""
+    k, n = len(times) - 1, len(group.members)
+    if n and k > 1:  # the steps before the last
+        _book_group_first_step(group, times, rec)
+        if k > 2:
+            rec.book_itl_run(times[1:k], n, n)
+    done = []
+    if req.num_computed_tokens >= req.num_prompt_tokens + req.num_output_tokens:
+        o = req.num_output_tokens + 1
+        req.num_output_tokens = o
+        end, start = times[k], times[k - 1]
+        if o == 1:
+            req.first_token_time = end
+        elif req.last_token_time == start:
+            rec.book_itl_step(end - start, 1)
+        else:
+            rec.book_itl(end - req.last_token_time)  # type: ignore[operator]
+        req.last_token_time = end
+        if o >= req.max_output_tokens:
+            done.append(req)
+    if n:  # the last step
+        if k == 1:
+            _book_group_first_step(group, times, rec)
+        else:
+            rec.book_itl_step(times[k] - times[k - 1], n)
+    return done
+
+
+def _book_group_first_step(group: DecodeGroup, times: list[float], rec: Recorder) -> None:
+    """The members' samples in a chunk run's first step, as Engine._apply_group books
+    them (those that joined during a stall apart)."""
+    n, fresh = len(group.members), group.fresh
+    if fresh:
+        rec.book_itl_step(times[1] - times[0], fresh)
+    if n > fresh:
+        rec.book_itl_step(times[1] - group.last_end, n - fresh)
+
+
+def _record(steady: SteadyDecode, plan: ChunkPlan, group_blocks: Sequence[int],
+            kv: KVCacheManager, rec: Recorder, num_waiting: int, max_num_seqs: int) -> None:
+    """A chunk run's step rows, one by one (its tokens change from step to step): the
+    blocks in use after each step's allocations, the group's and the prefill's (called
+    after the group's and before the prefill's allocation)."""
+    times, dts, chunks, _ = plan
+    prefill = steady.prefill
+    assert prefill is not None
+    req = prefill.request
+    bs, g, held = kv.block_size, len(steady.requests), len(steady.holders)
+    useful, empty = g + 1, max_num_seqs - held
+    decode = req.num_output_tokens > 0  # a one-token chunk is then priced as a decode
+    c, blocks = req.num_computed_tokens, len(req.block_ids)
+    used = kv.num_used_blocks - sum(group_blocks) - blocks  # before the run, without it
+    record = rec.record_step
+    for j, n in enumerate(chunks):
+        c += n
+        used += group_blocks[j]
+        row_blocks = used + max(blocks, -(-c // bs))
+        if n == 1 and decode:
+            record(StepRow(times[j], dts[j], useful, 0, useful, row_blocks, num_waiting,
+                           useful, held - useful, empty, 0))
+        else:
+            record(StepRow(times[j], dts[j], useful, n, g, row_blocks, num_waiting, useful,
+                           held - useful, empty, 0))
+
+
+def prefill_chunks(rest: int, chunk: int, covers_last: bool, limit: int) -> list[int]:
+    """The tokens a prefill with ``rest`` tokens left gets in each of at most ``limit``
+    steps, ``chunk`` a step: the steps before its last chunk (the one that samples), and
+    that one when ``covers_last``."""
+    full = min((rest - 1) // chunk, limit)
+    out = [chunk] * full
+    if covers_last and full < limit and rest - full * chunk <= chunk:
+        out.append(rest - full * chunk)
+    return out
+
+
+def prefill_safe_steps(group: DecodeGroup, req: Request, chunks: Sequence[int],
+                       block_size: int, num_free_blocks: int) -> int:
+    """How many of the steps of ``chunks`` fit in the free pool: in each, the members'
+    new blocks (their block crossings) and then ``req``'s for its chunk. The run stops
+    before the step where they would not (the step-by-step engine would dissolve the
+    group or preempt there)."""
+    k = len(chunks)
+    held = len(req.block_ids)
+    c = req.num_computed_tokens
+    g = len(group.members)
+    if g * -(-k // block_size) + max(0, -(-(c + sum(chunks)) // block_size) - held) \
+            <= num_free_blocks:
+        return k  # even if every member crossed as often as it can, they fit
+    crossings = group.crossings(k) if g else [0] * k
+    used = 0
+    for j, n in enumerate(chunks):
+        c += n
+        need = -(-c // block_size) - held
+        if need > 0:
+            held += need
+            used += need
+        used += crossings[j]
+        if used > num_free_blocks:
+            return j
+    return k
+
+
+def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
+                       step_time: Callable[[BatchShape], float], start: float,
+                       next_arrival: float | None, end_before: float | None
+                       ) -> tuple[list[float], list[float]]:
+    """step_times for a run of the decode group beside ``chunks`` of the promise's
+    prefill: each step priced as shape_of prices the chunk next to the members'
+    decodes (sim.batch.chunk_shape), cut as step_times cuts."""
+    prefill = steady.prefill
+    assert prefill is not None
+    req = prefill.request
+    limit = math.inf if next_arrival is None else next_arrival
+    if end_before is not None and end_before < limit:
+        limit = end_before
+    num_tokens = req.num_prompt_tokens + req.num_output_tokens
+    has_output = req.num_output_tokens > 0
+    c = req.num_computed_tokens
+    g, growth = steady.shape.num_decode_seqs, steady.context_growth
+    ctx = steady.shape.decode_context_tokens if g else 0
+    times = [start]
+    dts: list[float] = []
+    t = start
+    for j, n in enumerate(chunks):
+        if j and t >= limit:
+            break
+        dt = step_time(chunk_shape(num_tokens, has_output, c, n, g, ctx + j * growth)) + 0.0
+        if end_before is not None and t + dt >= end_before:
+            break
+        t = t + dt
+        times.append(t)
+        dts.append(dt)
+        c += n
+    while len(times) > 1 and start + (times[-1] - start) != times[-1]:
+        times.pop()  # where the engine's one timeout lands (see fastpath.step_times)
+        dts.pop()
+    return times, dts

@@ -1,0 +1,77 @@
+"""Fast-path runs of a prefill's chunks beside the decode group (chunked's promise with
+``SteadyDecode.prefill``): the steps they advance at once, and the same records as the
+step-by-step reference on workloads whose prompts take several chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.batch import chunk_shape, shape_of
+from sim.config import SchedulerConfig
+from sim.request import Request
+from tests.test_fastpath import assert_same, run
+
+
+def test_prefill_chunks_beside_a_decode_group_run_at_once(fast_runs: list[int]) -> None:
+    # A (prompt 20, 200 tokens) is admitted into an idle engine and prefilled by a run
+    # of 1 step, then decodes alone until B (prompt 1000, 5 tokens) arrives at
+    # 0.5 s (about 70 ContextCost steps in). B's chunks beside A's decode, 256 - 1 = 255
+    # tokens a step (255, 255, 255, 235: the last samples its first token), run as one
+    # run of 4 steps, admission included; then A and B decode for B's 4 other tokens,
+    # then A alone for the rest of its 200.
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=4096)
+    args = {"output_lens": [200, 5], "prompt": [20, 1000], "arrivals": [0.0, 0.5]}
+    ref = run(args, cfg, "chunked", 1000, 16, fast=False)
+    assert fast_runs == []
+    fast = run(args, cfg, "chunked", 1000, 16, fast=True)
+    assert fast_runs[0] == 1 and fast_runs[2:] == [4, 4, 200 - 1 - fast_runs[1] - 4 - 4]
+    prefill = fast.steps[fast.steps["num_prefill_tokens"] > 0]
+    assert prefill["num_prefill_tokens"].tolist() == [20, 255, 255, 255, 235]
+    assert fast.steps.equals(ref.steps)
+    assert fast.requests.equals(ref.requests)
+
+
+@st.composite
+def long_prompts(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]:
+    """Chunked prefill with prompts of several chunks beside decoding requests: runs cut
+    by arrivals and finishes, by full pools (preemption, recompute prefills of requests
+    that sampled before), by a waiting request a last chunk's leftover budget admits, by
+    long_prefill_token_threshold and max_model_len."""
+    n = draw(st.integers(2, 16))
+    outs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.3]), min_size=n,
+                         max_size=n))
+    bs = draw(st.sampled_from([4, 16]))
+    blocks = draw(st.integers(30, 120)) if bs == 16 else draw(st.integers(120, 480))
+    cfg = SchedulerConfig(
+        max_num_seqs=draw(st.integers(2, 10)),
+        max_num_batched_tokens=draw(st.integers(16, 160)),
+        max_model_len=draw(st.sampled_from([420, 4096])),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 24])),
+        queue=draw(st.sampled_from(["fcfs", "priority"])),
+        kv_allocation=draw(st.sampled_from(["paged", "paged", "reserve"])),
+    )
+    args = {"output_lens": outs, "prompt": prompts, "arrivals": list(np.cumsum(gaps)),
+            "priorities": draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))}
+    return args, cfg, "chunked", blocks, bs
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_prompts())
+def test_prefill_runs_equal_step_by_step(w: tuple[dict, SchedulerConfig, str, int, int]
+                                          ) -> None:
+    assert_same(*w)
+
+
+@given(st.integers(1, 500), st.integers(0, 40), st.integers(0, 500), st.integers(1, 600),
+       st.integers(0, 64), st.integers(0, 10_000))
+def test_chunk_shape_is_shape_of(prompt: int, output: int, computed: int, n: int,
+                                 decodes: int, context: int) -> None:
+    req = Request("r", 0.0, prompt, 50, 50)
+    req.num_output_tokens = output
+    req.num_computed_tokens = computed
+    assert chunk_shape(prompt + output, output > 0, computed, n, decodes, context) \
+        == shape_of([(req, n)], decodes, context)
