@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from sim.app.runs.durations import parse_duration
 from sim.app.runs.runner import Prepared, RunConfig, prepare, simulate_prepared
 from sim.app.runs.window_replay import (
     DEFAULT_WARMUP_S,
     WindowSettings,
-    parse_duration,
     simulate_window,
     simulate_windows,
     split_windows,

@@ -9,14 +9,15 @@ tests/test_prefill_runs.py compares the paths.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 from sim.batch import BatchShape, SteadyDecode, chunk_shape
 from sim.decode_group import DecodeGroup
 from sim.kv.block_pool import KVCacheManager
 from sim.metrics import Recorder, StepRow
 from sim.request import Request
+from sim.run_times import cut_run, run_limit
 
 #: A planned chunk run: step boundaries (s), step durations (s), the prefill's tokens in
 #: each step, and whether its last step samples a token (else none does: a lone
@@ -196,28 +197,13 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
     prefill = steady.prefill
     assert prefill is not None
     req = prefill.request
-    limit = math.inf if next_arrival is None else next_arrival
-    if end_before is not None and end_before < limit:
-        limit = end_before
     num_tokens = req.num_prompt_tokens + req.num_output_tokens
     has_output = req.num_output_tokens > 0
-    c = req.num_computed_tokens
     g, growth = steady.shape.num_decode_seqs, steady.context_growth
-    ctx = steady.shape.decode_context_tokens if g else 0
-    times = [start]
-    dts: list[float] = []
-    t = start
-    for j, n in enumerate(chunks):
-        if j and t >= limit:
-            break
-        dt = step_time(chunk_shape(num_tokens, has_output, c, n, g, ctx + j * growth)) + 0.0
-        if end_before is not None and t + dt >= end_before:
-            break
-        t = t + dt
-        times.append(t)
-        dts.append(dt)
-        c += n
-    while len(times) > 1 and start + (times[-1] - start) != times[-1]:
-        times.pop()  # where the engine's one timeout lands (see fastpath.step_times)
-        dts.pop()
-    return times, dts
+    ctx = steady.shape.decode_context_tokens  # chunk_shape ignores it without decodes
+    # num_computed_tokens before each chunk (one more value: after the last, unused)
+    computed = accumulate(chunks, initial=req.num_computed_tokens)
+    prices = (step_time(chunk_shape(num_tokens, has_output, c, n, g, ctx + j * growth))
+              for j, (c, n) in enumerate(zip(computed, chunks, strict=False)))
+    return cut_run(prices, start, run_limit(next_arrival, end_before), end_before,
+                   min_steps=0)

@@ -53,6 +53,7 @@ from sim.metrics import Recorder, summarize
 from sim.request import Request
 from sim.simulate import SimResult, progress_slices
 from sim.source import ArrivalSource, ClosedLoopArrivals
+from sim.table import concat_tables
 
 
 @dataclass(slots=True, eq=False)
@@ -343,8 +344,8 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     # Each replica's table is in ascending workload index; put the whole in that order.
     order = np.argsort(np.concatenate([np.sort(np.asarray(r.routed, dtype=np.int64))
                                        for r in reps]), kind="stable")
-    requests = {c: v[order] for c, v in _concat(req_tables).items()}
-    steps = _concat(step_tables)
+    requests = {c: v[order] for c, v in concat_tables(req_tables).items()}
+    steps = concat_tables(step_tables)
     by_start = np.lexsort((steps["replica"], steps["start_time"]))  # stable
     steps = {c: v[by_start] for c, v in steps.items()}
     itl_all = ItlSamples.concat(itls)
@@ -357,7 +358,3 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
 def _with_replica(table: dict[str, np.ndarray], replica: int) -> dict[str, np.ndarray]:
     n = len(next(iter(table.values())))
     return {**table, "replica": np.full(n, replica, dtype=np.int64)}
-
-
-def _concat(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}

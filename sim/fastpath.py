@@ -16,7 +16,6 @@ beside the decode group) is planned and applied by sim/chunk_run.py.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -38,6 +37,7 @@ from sim.interface import (
 from sim.kv.block_pool import KVCacheManager
 from sim.metrics import Recorder
 from sim.request import Request
+from sim.run_times import cut_run, run_limit
 from sim.source import ArrivalSource
 
 #: Longest run advanced at once: bounds the per-run lists and keeps progress reporting live.
@@ -277,35 +277,14 @@ def step_times(run: SteadyDecode, cost_model: CostModel, start: float, num_steps
     would have it), and so that ``start + (t_last - start) == t_last`` (the clock after
     one timeout of the run). ``price_run``: the cost model's decode_run_times, when it
     has one."""
-    limit = math.inf if next_arrival is None else next_arrival
-    if end_before is not None and end_before < limit:
-        limit = end_before
+    limit = run_limit(next_arrival, end_before)
     shape = run.shape
     d, s, ctx = shape.num_decode_seqs, shape.num_sampled_seqs, shape.decode_context_tokens
     growth = run.context_growth
     prices: Iterable[float]
     if price_run is not None:  # priced only up to the step that would see the arrival
         prices = price_run(d, s, ctx, growth, num_steps, start, limit)
-    else:  # priced one by one as the loop below takes them
+    else:  # priced one by one as cut_run takes them
         prices = (cost_model.step_time(BatchShape(0, 0, 0, 0, d, ctx + j * growth, s))
                   for j in range(num_steps))
-    times = [start]
-    dts: list[float] = []
-    t = start
-    for j, price in enumerate(prices):
-        if j and t >= limit:
-            break
-        dt = price + 0.0  # + the plan's extra_time_s, as the engine adds it
-        if end_before is not None and t + dt >= end_before:
-            break
-        t = t + dt
-        times.append(t)
-        dts.append(dt)
-    # The engine waits out a run in one timeout of times[-1] - start, and SimPy's clock
-    # lands on start plus that, which rounding may put an ulp off the steps' sum (the
-    # reference's clock): a run ends where the clock lands exactly (else it could reach
-    # an arrival it was meant to stop before, or stop an ulp short of one).
-    while len(times) > 2 and start + (times[-1] - start) != times[-1]:
-        times.pop()
-        dts.pop()
-    return times, dts
+    return cut_run(prices, start, limit, end_before, min_steps=1)

@@ -83,9 +83,8 @@ def spilled_itl_stats(step_s: ColumnFile, step_counts: ColumnFile,
     per-chunk dot products (relative difference from weighted_stats' at most 2 n 2**-53,
     n the entries: two orders of summing the same non-negative products)."""
     if len(step_s) + len(irregular_s) <= ITL_IN_MEMORY:
-        v = np.concatenate([step_s.read(), irregular_s.read()])
-        c = np.concatenate([step_counts.read(), np.ones(len(irregular_s), dtype=np.int64)])
-        return weighted_stats(ItlSamples(v, c))
+        return weighted_stats(ItlSamples.concat([ItlSamples(step_s.read(), step_counts.read()),
+                                                 ItlSamples.of(irregular_s.read())]))
     def parts() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return _itl_chunks(step_s, step_counts, irregular_s)
 
@@ -95,7 +94,7 @@ def spilled_itl_stats(step_s: ColumnFile, step_counts: ColumnFile,
         total.append(float(np.dot(v, c)))
         top = max(top, float(v.max())) if len(v) else top
     if n == 0:
-        return {k: None for k in ("mean", "p50", "p90", "p95", "p99", "max")}
+        return weighted_stats(ItlSamples.concat([]))  # every figure None
     at = _select(parts, sorted({r for p in PERCENTILES for r in _ranks(n, p)}))
     out: dict[str, float | None] = {"mean": math.fsum(total) / n}
     for p in PERCENTILES:

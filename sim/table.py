@@ -38,6 +38,11 @@ CHUNK_ROWS = 1 << 15
 _SPECIAL = (",", '"', "\n", "\r")
 
 
+def concat_tables(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Column tables with the same columns (at least one table), rows one after another."""
+    return {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}
+
+
 def csv_fields(values: np.ndarray) -> list[str]:
     """One column as CSV fields, exactly as ``DataFrame.to_csv`` writes each value:
     float64 as ``repr`` (numpy's ``str``, which pandas writes, is the same shortest

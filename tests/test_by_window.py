@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from sim.app.cli.main import app
 from sim.app.reports.by_window_page import record
-from sim.app.runs.by_window import LoadOverDay, Window, parse_duration, window_spans
+from sim.app.runs.by_window import LoadOverDay, Window, window_spans
+from sim.app.runs.durations import parse_duration
 
 runner = CliRunner()
 RATES = (40, 150, 90)
@@ -90,17 +91,18 @@ def test_a_window_longer_than_the_trace_is_refused(tmp_path: Path) -> None:
 
 
 def test_durations() -> None:
-    assert [parse_duration(t) for t in ("1h", "30m", "900", "2.5s", "1d")] == [
+    assert [parse_duration(t, "--by-window", True)
+            for t in ("1h", "30m", "900", "2.5s", "1d")] == [
         3600, 1800, 900, 2.5, 86400]
     for bad in ("0", "-1h", "1y", "h", ""):
         with pytest.raises(ValueError, match="--by-window"):
-            parse_duration(bad)
+            parse_duration(bad, "--by-window", positive=True)
 
 
 @pytest.mark.parametrize(("args", "word"), [
     (["--by-window", "1h"], "--by-window cuts a trace into windows"),
     (["--by-window", "10s", "--trace", "TRACE", "--arrival", "trace"], "--arrival poisson"),
-    (["--by-window", "0", "--trace", "TRACE"], "--by-window: expected a duration > 0"),
+    (["--by-window", "0", "--trace", "TRACE"], "--by-window must be a duration > 0"),
     (["--by-window", "1h", "--gpu", "h100-sxm,l40s"], "--by-window plans one GPU type"),
 ])
 def test_by_window_bad_input(tmp_path: Path, args: list[str], word: str) -> None:

@@ -17,7 +17,7 @@ from tests.test_fastpath import assert_same, run
 def test_prefill_chunks_beside_a_decode_group_run_at_once(fast_runs: list[int]) -> None:
     # A (prompt 20, 200 tokens) is admitted into an idle engine and prefilled by a run
     # of 1 step, then decodes alone until B (prompt 1000, 5 tokens) arrives at
-    # 0.5 s (about 70 ContextCost steps in). B's chunks beside A's decode, 256 - 1 = 255
+    # 0.5 s (69 ContextCost steps in). B's chunks beside A's decode, 256 - 1 = 255
     # tokens a step (255, 255, 255, 235: the last samples its first token), run as one
     # run of 4 steps, admission included; then A and B decode for B's 4 other tokens,
     # then A alone for the rest of its 200.
@@ -26,7 +26,15 @@ def test_prefill_chunks_beside_a_decode_group_run_at_once(fast_runs: list[int]) 
     ref = run(args, cfg, "chunked", 1000, 16, fast=False)
     assert fast_runs == []
     fast = run(args, cfg, "chunked", 1000, 16, fast=True)
-    assert fast_runs[0] == 1 and fast_runs[2:] == [4, 4, 200 - 1 - fast_runs[1] - 4 - 4]
+    # A's decode steps that start before B's arrival, by ContextCost's formula: its
+    # prefill (20 tokens, 20 * 21 / 2 attention pairs), then one decode a step over a
+    # context of 21, 22, ... tokens.
+    t, before_b = 0.0071 + 1.3e-4 * 20 + 2.9e-6 * (20 * 21 // 2), 0
+    while t < 0.5:
+        t += 0.0071 + 3.1e-5 + 7.7e-7 * (21 + before_b)
+        before_b += 1
+    assert before_b == 69
+    assert fast_runs == [1, before_b, 4, 4, 200 - 1 - before_b - 4 - 4]
     prefill = fast.steps[fast.steps["num_prefill_tokens"] > 0]
     assert prefill["num_prefill_tokens"].tolist() == [20, 255, 255, 255, 235]
     assert fast.steps.equals(ref.steps)

@@ -17,12 +17,12 @@ from typer.testing import CliRunner
 
 from sim.app.cli.main import app
 from sim.app.runs.backends import Executor
+from sim.app.runs.durations import parse_duration
 from sim.app.runs.run_files import write_run
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.app.runs.window_replay import (
     Window,
     WindowSettings,
-    parse_duration,
     simulate_windows,
     split_windows,
 )

@@ -153,7 +153,8 @@ def to_json(r: GpuRanking) -> dict[str, Any]:
             .to_dict(orient="records"),
             "output_tokens_per_request": {p.gpu: p.output_tokens_per_request
                                           for p in r.plans},
-            "plans": {p.gpu: plan_page.to_json(p.result) for p in r.plans if p.result},
+            "plans": {p.gpu: plan_page.to_json(p.result, deploy_config.plan_deployment(p.result))
+                      for p in r.plans if p.result},
             "errors": {p.gpu: p.error for p in r.plans if p.error},
             "deploy": deploy_config.record(_deployment(r)), "elapsed_s": r.elapsed_s}
 

@@ -252,7 +252,8 @@ def method_lines(res: PlanResult) -> list[str]:
     ]
 
 
-def markdown(res: PlanResult, windows: LoadOverDay | None = None) -> str:
+def markdown(res: PlanResult, deploy: deploy_config.Deployment | None,
+             windows: LoadOverDay | None = None) -> str:
     """capacity.md (with ``windows``: the load over the day, --by-window)."""
     b = res.spec.base
     parts = [f"# Capacity plan: {b.model} on {b.gpu}", "", "## Answer", ""]
@@ -271,7 +272,6 @@ def markdown(res: PlanResult, windows: LoadOverDay | None = None) -> str:
     if res.loops:
         parts += ["", "## Open vs closed loop at equal throughput", "",
                   md_table(loops_frame(res))]
-    deploy = deploy_config.plan_deployment(res)
     if deploy is not None:
         parts += ["", "## Deploy", "", *deploy_markdown(deploy)]
     parts += by_window_page.markdown_section(windows)
@@ -279,7 +279,8 @@ def markdown(res: PlanResult, windows: LoadOverDay | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
-def html_page(res: PlanResult, windows: LoadOverDay | None = None) -> str:
+def html_page(res: PlanResult, deploy: deploy_config.Deployment | None,
+              windows: LoadOverDay | None = None) -> str:
     """capacity.html: the same as capacity.md, with the load curves."""
     from sim.app.reports.sweep_page import fig_html, page, table_html
 
@@ -306,7 +307,6 @@ def html_page(res: PlanResult, windows: LoadOverDay | None = None) -> str:
                  table_html(burstiness_frame(res))]
     if res.loops:
         body += ["<h2>Open vs closed loop at equal throughput</h2>", table_html(loops_frame(res))]
-    deploy = deploy_config.plan_deployment(res)
     if deploy is not None:
         body += ["<h2>Deploy</h2>", deploy_html(deploy)]
     body += by_window_page.html_section(windows)
@@ -349,7 +349,8 @@ def load_figure(res: PlanResult, probes: pd.DataFrame) -> Any:
     return fig
 
 
-def to_json(res: PlanResult, windows: LoadOverDay | None = None) -> dict[str, Any]:
+def to_json(res: PlanResult, deploy: deploy_config.Deployment | None,
+            windows: LoadOverDay | None = None) -> dict[str, Any]:
     """plan.json: the spec, every search and probe, the checks and the evidence."""
     def conv(x: Any) -> Any:
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -376,7 +377,7 @@ def to_json(res: PlanResult, windows: LoadOverDay | None = None) -> dict[str, An
         "operating_load": res.operating_load, "other_timing": trace_timing.record(res.other),
         "burstiness": [{"k": k, "probes": ps} for k, ps in res.burstiness],
         "open_vs_closed": res.loops, "elapsed_s": res.elapsed_s,
-        "deploy": deploy_config.record(deploy_config.plan_deployment(res)),
+        "deploy": deploy_config.record(deploy),
     })
     if windows is not None:
         out["by_window"] = by_window_page.record(windows)
@@ -390,7 +391,7 @@ def write_plan(out_dir: Path, res: PlanResult,
     (sim/app/runs/out_dir.py write_files); returns their paths."""
     deploy = deploy_config.plan_deployment(res)
     return write_files(out_dir, {
-        "capacity.md": lambda: markdown(res, windows),
-        "capacity.html": lambda: html_page(res, windows),
-        "plan.json": lambda: json.dumps(to_json(res, windows), indent=2) + "\n",
+        "capacity.md": lambda: markdown(res, deploy, windows),
+        "capacity.html": lambda: html_page(res, deploy, windows),
+        "plan.json": lambda: json.dumps(to_json(res, deploy, windows), indent=2) + "\n",
         deploy_config.SERVE_FILE: lambda: deploy_config.serve_file(deploy)})

@@ -359,10 +359,11 @@ def map_ordered(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None
                 backend: str = "local", address: str | None = None,
                 on_done: Callable[[int], None] | None = None,
                 shipment: dict[Any, Any] | None = None) -> list[R]:
-    """One ``Executor.map`` call in its own Executor (see Executor for the arguments)."""
-    with Executor(min(workers or default_workers(), max(len(items), 1)), backend,
-                  address, shipment) as ex:
-        return ex.map(fn, items, on_done)
+    """``[fn(x) for x in items]`` by for_each_ordered (see Executor for the arguments)."""
+    out: list[R] = []
+    for_each_ordered(fn, items, out.append, workers=workers, backend=backend,
+                     address=address, on_done=on_done, shipment=shipment)
+    return out
 
 
 def for_each_ordered(fn: Callable[[T], R], items: Sequence[T], on_result: Callable[[R], None],

@@ -13,27 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from scenarios.build import build_workload
+from sim.app.runs.durations import parse_duration
 from sim.app.runs.loop_comparison import Runner
 from sim.app.runs.plan import ClusterCheck, ConfigResult, PlanSpec, confirm_replicas
-
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """"1h", "30m", "900s" or "900" -> seconds (> 0); ValueError naming --by-window."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([smhd]?)\s*", text)
-    seconds = float(m.group(1)) * _UNITS[m.group(2)] if m else math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"--by-window: expected a duration > 0 such as 1h, 30m or 900 "
-                         f"(seconds), got {text!r}")
-    return seconds
 
 
 @dataclass(frozen=True)
@@ -142,7 +130,7 @@ def window_seconds(spec: PlanSpec, text: str | None) -> float | None:
     (check_by_window); ValueError otherwise."""
     if text is None:
         return None
-    seconds = parse_duration(text)
+    seconds = parse_duration(text, "--by-window", positive=True)
     check_by_window(spec)
     window_counts(spec, seconds)  # refuses a window longer than the trace
     return seconds

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from sim.app.runs.backends import BACKENDS, for_each_ordered
+from sim.app.runs.durations import parse_duration
 from sim.app.runs.run_files import run_spooled
 from sim.app.runs.runner import Prepared, engine_args, simulate_prepared
 from sim.kv.prefix_cache import PrefixCacheStats, prefix_cache_summary
@@ -51,28 +51,13 @@ from sim.latency_stats import ItlSamples
 from sim.metrics import summarize
 from sim.record_spool import RecordSpool
 from sim.simulate import SimResult, simulate_streamed
-
-#: Seconds per unit of a duration's suffix.
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+from sim.table import concat_tables
 
 #: Warm-up when none is given, seconds: longer than the requests' lifetimes at the loads
 #: measured (E2E p99 about 13 s), 8% more requests replayed with 1 h windows, and every
 #: window's TTFT and E2E p50/p99 within 0.7% of a serial run's there
 #: (benchmarks/window_replay.py, docs/scale.md).
 DEFAULT_WARMUP_S = 300.0
-
-
-def parse_duration(text: str, option: str) -> float:
-    """Seconds of ``text``: a number with an optional unit s, m, h or d (``90``, ``10m``,
-    ``1.5h``). Raises ValueError naming ``option`` for anything else or a negative one."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([smhd]?)\s*", text, re.I)
-    if m is None:
-        raise ValueError(f"{option} must be a duration: a number of seconds, or with a "
-                         f"unit s, m, h or d (e.g. 90, 10m, 1h), got {text!r}")
-    seconds = float(m.group(1)) * _UNITS[m.group(2).lower() or "s"]
-    if not math.isfinite(seconds):
-        raise ValueError(f"{option} must be finite, got {text!r}")
-    return seconds
 
 
 @dataclass(frozen=True)
@@ -292,8 +277,8 @@ def merge_parts(prep: Prepared, parts: list[WindowPart]) -> SimResult:
     summary.json from them by metrics.summarize (module docstring)."""
     cfg, sched = prep.config, prep.scheduler
     assert cfg.block_size is not None, "RunConfig resolves the block size"
-    requests = _concat([p.request_table for p in parts])
-    steps = _concat([p.step_table for p in parts])
+    requests = concat_tables([p.request_table for p in parts])
+    steps = concat_tables([p.step_table for p in parts])
     itl = ItlSamples.concat([p.itl for p in parts])
     summary = summarize(requests, steps, itl, max_num_seqs=sched.max_num_seqs,
                         num_gpu_blocks=prep.num_gpu_blocks, block_size=cfg.block_size,
@@ -308,10 +293,6 @@ def _one_engine(prep: Prepared, summary: dict[str, Any]) -> dict[str, Any]:
     summary["replicas"] = [{"replica": 0, "num_routed": len(prep.workload), **summary}]
     return summary
 
-
-def _concat(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Column tables with the same columns, one after another."""
-    return {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}
 
 
 #: summary.json's prefix_cache counters and the PrefixCacheStats fields behind them.
