@@ -300,10 +300,14 @@ def _request_table(rows: list[tuple[Any, ...]], index: np.ndarray) -> dict[str, 
 RLE_KEY = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
            "slots_useful", "slots_idle", "slots_empty")
 
+#: The columns naming a step's engine in a cluster's or disaggregated run's step table
+#: (where present): steps of different engines never share a compressed row.
+ENGINE_KEY = ("pool", "replica")
+
 
 def compress_steps(steps: Table, counts: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Run-length compress a step table (columns as in STEP_COLUMNS, and any others,
-    such as a cluster's ``replica``): consecutive steps with the
+    such as a cluster's ``replica``): consecutive steps of one engine (ENGINE_KEY) with the
     same composition (RLE_KEY) and no preemption share one row with ``num_steps`` = how
     many, the first step's ``start_time`` (and other columns), the summed ``duration_s``
     and the largest ``kv_blocks_used``. A step with a preemption always keeps its own
@@ -319,7 +323,7 @@ def compress_steps(steps: Table, counts: np.ndarray | None = None) -> dict[str, 
     pre = cols["num_preempted"] > 0
     new = np.ones(n, dtype=bool)
     new[1:] = pre[1:] | pre[:-1]
-    for c in RLE_KEY:
+    for c in (*RLE_KEY, *(e for e in ENGINE_KEY if e in cols)):
         k = cols[c]
         new[1:] |= k[1:] != k[:-1]
     group = np.cumsum(new) - 1

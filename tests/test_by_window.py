@@ -116,12 +116,12 @@ def test_by_window_bad_input(tmp_path: Path, args: list[str], word: str) -> None
 
 def test_no_figures_unless_every_window_was_confirmed() -> None:
     windows = [Window(0.0, 10.0, 400, 40.0, 1), Window(10.0, 10.0, 1500, 150.0, None)]
-    rec = record(LoadOverDay(10.0, 2, windows))
+    rec = record(LoadOverDay(10.0, 2, windows, 2))
     assert [rec[k] for k in ("peak_replicas", "mean_replicas", "gpu_hours_following_load",
                              "gpu_hours_at_peak")] == [None] * 4
     assert [w["replicas"] for w in rec["windows"]] == [1, None]
     both = record(LoadOverDay(10.0, 2, [windows[0], dataclasses.replace(windows[1],
-                                                                        replicas=3)]))
+                                                                        replicas=3)], 2))
     # 1 then 3 replicas of TP 2 for 10 s each: 80 GPU-seconds, 120 at the peak
     assert (both["peak_replicas"], both["mean_replicas"]) == (3, 2.0)
     assert both["gpu_hours_following_load"] == pytest.approx(80 / 3600)

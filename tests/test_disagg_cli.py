@@ -98,7 +98,6 @@ def test_link_presets_and_overrides() -> None:
     (["--disagg", "1P1D", "--prefill-max-num-seqs", "0"], "prefill_max_num_seqs"),
     (["--disagg", "1P1D", "--replicas", "2"], "replicas"),
     (["--disagg", "1P1D", "--concurrency", "4"], "concurrency"),
-    (["--disagg", "1P1D", "--chrome-trace"], "--chrome-trace"),
     (["--disagg", "1P1D", "--prefix-cache", "block"], "prefix_cache"),
     (["--kv-link", "ib"], "kv_link"),
     (["--decode-max-num-seqs", "8"], "decode_max_num_seqs"),
@@ -109,15 +108,3 @@ def test_bad_input_is_one_line_naming_the_option(tmp_path: Path, args: list[str]
                               "--out", str(tmp_path / "x"), *args])
     assert res.exit_code == 1 and field in res.output, res.output
     assert res.output.count("\n") == 1, res.output
-
-
-@pytest.mark.parametrize("command", [
-    ["sweep", "--max-num-seqs", "8,16"], ["plan", "--target-rate", "20", "--slo-ttft", "2"],
-])
-def test_sweep_and_plan_refuse_disagg_in_one_line(tmp_path: Path, command: list[str]) -> None:
-    res = runner.invoke(app, [*command, "--disagg", "1P1D", "--num-requests", "20",
-                              "--out", str(tmp_path / "x")])
-    assert res.exit_code == 1 and "--disagg runs with `servesim run` only" in res.output, \
-        res.output
-    assert res.output.count("\n") == 1, res.output
-    assert not (tmp_path / "x").exists()

@@ -120,7 +120,7 @@ def test_price_file_forms_and_errors(tmp_path: Path) -> None:
 
 def test_rank_puts_answers_first_then_priced_types_by_dollars_per_hour() -> None:
     def plan(gpu: str, replicas: int | None, tp: int, usd: float | None) -> GpuPlan:
-        res = SimpleNamespace(replicas=replicas, best=SimpleNamespace(tp=tp))
+        res = SimpleNamespace(replicas=replicas, best=SimpleNamespace(tp=tp, gpus_per_replica=tp))
         return GpuPlan(gpu, res, GpuPrice(gpu, usd) if usd else None)  # type: ignore[arg-type]
     plans = [plan("h100-sxm", 2, 1, 3.0),  # 6 $/hour
              plan("l40s", 3, 2, 1.0),  # 6 $/hour, 6 GPUs: after the 2-GPU tie

@@ -77,7 +77,7 @@ def test_compress_steps_by_hand() -> None:
         "num_seqs": np.array([2, 2, 2, 3, 3, 3, 3]),
         "kv_blocks_used": np.array([5, 7, 6, 8, 9, 9, 10]),
         "num_preempted": np.array([0, 0, 0, 0, 1, 0, 0]),
-        "replica": np.array([0, 1, 2, 3, 4, 5, 6]),
+        "tag": np.array([0, 1, 2, 3, 4, 5, 6]),  # another column: the row's first step's
     }
     for c in ("num_prefill_tokens", "num_decode_tokens", "num_waiting", "slots_useful",
               "slots_idle", "slots_empty"):
@@ -88,9 +88,28 @@ def test_compress_steps_by_hand() -> None:
     assert out["start_time"].tolist() == [0.0, 3.0, 4.0, 5.0]
     assert out["duration_s"].tolist() == [0.875, 1.0, 2.0, 12.0]
     assert out["kv_blocks_used"].tolist() == [7, 8, 9, 10]
-    assert out["replica"].tolist() == [0, 3, 4, 5]
+    assert out["tag"].tolist() == [0, 3, 4, 5]
     empty = compress_steps({c: v[:0] for c, v in steps.items()})
     assert list(empty) == [*steps, "num_steps"] and len(empty["num_steps"]) == 0
+
+
+def test_compress_steps_never_merges_two_engines_steps() -> None:
+    # A cluster's steps interleave in time: replica 0, 1, 0, 1, then 1, 1. All six have one
+    # composition, so only the engine columns split them: rows 0 | 1 | 0 | 1 1 1 for
+    # replica alone; with a pool column, (decode, 1) and (prefill, 1) differ too.
+    steps = {"start_time": np.arange(6, dtype=np.float64),
+             "duration_s": np.ones(6), "kv_blocks_used": np.ones(6, dtype=np.int64),
+             "num_preempted": np.zeros(6, dtype=np.int64),
+             "replica": np.array([0, 1, 0, 1, 1, 1])}
+    for c in ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
+              "slots_useful", "slots_idle", "slots_empty"):
+        steps[c] = np.ones(6, dtype=np.int64)
+    out = compress_steps(steps)
+    assert out["replica"].tolist() == [0, 1, 0, 1] and out["num_steps"].tolist() == [1, 1, 1, 3]
+    steps["pool"] = np.array(["decode"] * 5 + ["prefill"], dtype=object)
+    out = compress_steps(steps)
+    assert out["num_steps"].tolist() == [1, 1, 1, 2, 1]
+    assert out["pool"].tolist() == ["decode"] * 4 + ["prefill"]
 
 
 TRICKY = {

@@ -5,7 +5,6 @@ sim/app/reports/plan_page.py and sim/app/reports/gpu_ranking_page.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -27,15 +26,22 @@ from sim.app.cli.options import (
     seeds,
     with_options,
 )
-from sim.app.runs.axes import AXES, PLAN_AXES
-from sim.app.runs.pools import DISAGG_FIELDS
+from sim.app.cli.plan_input import gpu_specs, plan_spec
+from sim.app.runs.axes import AUTO_DISAGG, AXES, PLAN_AXES
 
-#: What sweep and plan refuse in one line (sweep.check_cells): left out of their --help.
-HIDE_DISAGG = {n: {"hidden": True} for n in ("disagg", *DISAGG_FIELDS)}
+#: --disagg as a sweep axis: aggregated and xPyD cells side by side.
+SWEEP_DISAGG = {"help": "Prefill/decode disaggregation per cell: none (aggregated) or "
+                "xPyD, comma-separated (none,1P1D,1P2D); the --kv-link and pool options "
+                "apply to the xPyD cells (docs/disaggregation.md)."}
+
+#: --disagg as a plan axis; auto: AUTO_DISAGG.
+PLAN_DISAGG = {"help": "Plan prefill/decode disaggregation beside aggregated serving: "
+               "none or xPyD pool ratios, comma-separated, each scaled to the target as "
+               "a unit; auto: " + ",".join(AUTO_DISAGG) + " (docs/disaggregation.md)."}
 
 
 @with_options(
-    *declare([n for n in OPTIONS if n != "seed"], axes=AXES, **HIDE_DISAGG),
+    *declare([n for n in OPTIONS if n != "seed"], axes=AXES, disagg=SWEEP_DISAGG),
     seeds("0", "every cell replays each seed's workload."), PREFIX_SWITCH, CHUNKED_SWITCH,
     GOODPUT_OPTION, CONFIG_OPTION)
 def sweep(
@@ -54,14 +60,13 @@ def sweep(
     Pareto frontier of output tokens/s per GPU against per user) and sweep.html."""
     from sim.app.reports.sweep_page import write_sweep
     from sim.app.runs.out_dir import check_files
-    from sim.app.runs.runner import RunConfig
-    from sim.app.runs.sweep import Grid, check_cells, run_sweep
+    from sim.app.runs.sweep import Grid, check_cells, grid_base, run_sweep
 
     opts = config_options(ctx, opts, AXES)
     try:
         grid = Grid.parse({a: opts.pop(a) for a in AXES}, opts.pop("seeds"))
         think_time = opts.pop("think_time")  # closed-loop cells only: given to each cell
-        base = RunConfig(**opts)
+        base = grid_base(opts, grid)
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         check_cells(base, grid, think_time=think_time)
@@ -143,7 +148,7 @@ PLAN_SETS = ("arrival", "rate", "concurrency", "think_time", "time_scale", "repl
              window={"help": "Plan on the trace's arrivals within this many seconds of "
                              "its first (both timings)."},
              # plan sets the arrival process itself (--arrival poisson or trace)
-             diurnal_amplitude={"hidden": True}, **HIDE_DISAGG),
+             diurnal_amplitude={"hidden": True}, disagg=PLAN_DISAGG),
     seeds("0,1,2", "each probe runs on every seed; the capacity interval spans them."),
     PREFIX_SWITCH, CHUNKED_SWITCH, GOODPUT_OPTION, CONFIG_OPTION)
 def plan(
@@ -251,39 +256,6 @@ def _warn_unused_with_trace_timing(ctx: typer.Context, arrival: str) -> None:
              "whole trace in order (cut it with --window)")
 
 
-def plan_spec(opts: dict[str, Any], a: dict[str, Any]) -> Any:
-    """The PlanSpec of the plan command's run options ``opts`` (its axes as given, the
-    SLOs and router apart from the base run) and search settings ``a``, every config
-    checked as its first probe would build it (sweep.check_cells); ValueError on bad
-    input."""
-    from sim.app.runs.load_search import SLO, with_load
-    from sim.app.runs.plan import PlanSpec
-    from sim.app.runs.runner import RunConfig
-    from sim.app.runs.sweep import Grid, check_cells
-
-    if a["load"] == "concurrency" and a["target_rate"] is not None:
-        raise ValueError("with --load concurrency give --target-concurrency, not --target-rate")
-    if a["load"] == "rate" and a["target_concurrency"] is not None:
-        raise ValueError("--target-concurrency needs --load concurrency")
-    if not (math.isfinite(a["start"]) and a["start"] > 0):
-        raise ValueError(f"start must be a finite load > 0, got {a['start']}")
-    if a["check_requests"] is not None and a["check_requests"] < 1:
-        raise ValueError(f"check_requests must be >= 1, got {a['check_requests']}")
-    grid = Grid.parse({n: opts.pop(n) for n in PLAN_AXES}, opts.pop("seeds"))
-    slo_ttft, slo_tpot, router = opts.pop("slo_ttft"), opts.pop("slo_tpot"), opts.pop("router")
-    base = RunConfig(**opts)
-    target = a["target_rate"] if a["load"] == "rate" else a["target_concurrency"]
-    spec = PlanSpec(base, SLO(slo_ttft, slo_tpot, a["slo_percentile"]), grid,
-                    load_axis=a["load"], target=target, start=a["start"],
-                    tolerance=a["tolerance"], max_probes=a["max_probes"], router=router,
-                    check_requests=a["check_requests"], arrival=a["arrival"])
-    seed = grid.seeds[0] if grid.seeds else 0
-    check_cells(dataclasses.replace(base, router=router), grid,
-                lambda c: with_load(c, a["load"], max(a["start"], 1.0), seed),
-                skip_refused=True)
-    return spec
-
-
 PHASES = {"search_probe": "searching load per config and seed",
           "run_probe": "simulating probes",
           "run_loop": "open vs closed loop"}
@@ -308,48 +280,6 @@ def rich_line(markdown_line: str) -> str:
     while out.count("**") >= 2:
         out = out.replace("**", "[bold]", 1).replace("**", "[/bold]", 1)
     return out
-
-
-def _base_config(opts: dict[str, Any]) -> Any:
-    """The plan's base RunConfig of ``opts`` (its axes left at their defaults)."""
-    from sim.app.runs.runner import RunConfig
-
-    names = {f.name for f in dataclasses.fields(RunConfig)} - set(PLAN_AXES)
-    return RunConfig(**{k: v for k, v in opts.items() if k in names})
-
-
-def gpu_specs(opts: dict[str, Any], search: dict[str, Any],
-              gpus: list[str | None]) -> tuple[dict[str, Any], dict[str, str]]:
-    """(PlanSpec by GPU preset name, error by GPU preset name for a type that cannot be
-    planned). A GPU type without --tensor-parallel-size gets the smallest TP its model
-    fits, in every cell of the grid (gpu_ranking.grid_tensor_parallel). ValueError for an
-    unknown GPU (naming --gpu), and for input no type can plan (the first type's error)."""
-    from calibration.gpus import get_gpu
-    from sim.app.runs.gpu_ranking import grid_tensor_parallel
-    from sim.app.runs.sweep import Grid
-
-    names = []
-    for g in gpus:
-        try:
-            names.append(get_gpu(g).name if g is not None else None)
-        except ValueError as e:
-            raise ValueError(f"--gpu: {e}") from None
-    specs, errors = {}, {}
-    for g in names:
-        o = dict(opts, gpu=g)
-        try:
-            if o.get("tensor_parallel_size") is None:
-                cells = Grid.parse({n: o.get(n) for n in PLAN_AXES}).cells()
-                o["tensor_parallel_size"] = str(grid_tensor_parallel(_base_config(o), cells))
-            spec = plan_spec(o, search)
-        except INPUT_ERRORS as e:
-            errors[g or "default"] = str(e)
-            continue
-        specs[get_gpu(spec.base.gpu).name] = spec
-    if not specs:
-        gpu, error = next(iter(errors.items()))
-        raise ValueError(error if len(errors) == 1 else f"{gpu}: {error}")
-    return specs, errors
 
 
 def plan_gpu_types(opts: dict[str, Any], search: dict[str, Any], gpus: list[str | None],

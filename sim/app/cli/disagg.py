@@ -1,6 +1,6 @@
-"""The run table of a disaggregated run (``servesim run --disagg``): each pool's
-utilization, batch and KV usage, the link's traffic and the mean TTFT split, from
-summary.json's ``disagg`` block (rendering only)."""
+"""The run table of a disaggregated run (``servesim run --disagg``): each pool's GPU, TP
+and KV blocks, utilization, batch and KV usage, the link's traffic and the mean TTFT
+split, from summary.json's ``disagg`` block (rendering only)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ def disagg_table(summary: dict[str, Any]) -> Table:
     d = summary["disagg"]
     t = Table(title=f"disaggregation ({d['prefill']['num_replicas']}P"
                     f"{d['decode']['num_replicas']}D)", header_style="bold")
-    for c in ("pool", "engines", "utilization", "mean batch", "KV peak", "KV mean"):
-        t.add_column(c, justify="left" if c == "pool" else "right")
+    for c in ("pool", "engines", "GPU", "TP", "KV blocks", "utilization", "mean batch",
+              "KV peak", "KV mean"):
+        t.add_column(c, justify="left" if c in ("pool", "GPU") else "right")
     for name in ("prefill", "decode"):
         p = d[name]
-        t.add_row(name, str(p["num_replicas"]), f"{p['utilization']:.1%}",
+        t.add_row(name, str(p["num_replicas"]), str(p["gpu"]),
+                  str(p["tensor_parallel_size"]), f"{p['num_gpu_blocks']:,}",
+                  f"{p['utilization']:.1%}",
                   f"{p['batch']['mean_num_seqs']:.1f}", f"{p['kv_cache']['peak_usage']:.1%}",
                   f"{p['kv_cache']['mean_usage']:.1%}")
     link = d["link"]

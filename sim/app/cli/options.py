@@ -176,7 +176,8 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "a scenario's prompt segments (docs/prefix_caching.md). Default: vLLM's, block where "
         "prompts carry content, else none (no hits possible).", "none,block,radix"),
     Opt("disagg", str | None, None, "Prefill/decode disaggregation, xPyD: x prefill and y "
-        "decode engines, the KV cache sent between them (docs/disaggregation.md)."),
+        "decode engines, the KV cache sent between them (docs/disaggregation.md).",
+        "none,1P1D,1P2D"),
     Opt("kv_link", str | None, None, "--disagg: the KV link, nvlink, ib, roce or tcp "
         "(presets with their sources; default ib)."),
     Opt("kv_link_gbps", float | None, None, "--disagg: the KV link's bandwidth in Gb/s "
@@ -194,6 +195,18 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "engines (default: --max-num-seqs)."),
     Opt("decode_max_num_batched_tokens", int | None, None, "--disagg: "
         "max_num_batched_tokens of the decode engines (default: --max-num-batched-tokens)."),
+    Opt("prefill_gpu", str | None, None, "--disagg: the prefill engines' GPU, a preset or "
+        "spec file (default: --gpu; not with --profile)."),
+    Opt("prefill_tensor_parallel_size", int | None, None, "--disagg: tensor parallel size "
+        "of each prefill engine (default: --tensor-parallel-size)."),
+    Opt("prefill_gpu_memory_utilization", float | None, None, "--disagg: "
+        "gpu_memory_utilization of the prefill engines (default: --gpu-memory-utilization)."),
+    Opt("decode_gpu", str | None, None, "--disagg: the decode engines' GPU, a preset or "
+        "spec file (default: --gpu; not with --profile)."),
+    Opt("decode_tensor_parallel_size", int | None, None, "--disagg: tensor parallel size "
+        "of each decode engine (default: --tensor-parallel-size)."),
+    Opt("decode_gpu_memory_utilization", float | None, None, "--disagg: "
+        "gpu_memory_utilization of the decode engines (default: --gpu-memory-utilization)."),
 )}
 
 #: The API server's term (calibration/frontend.py): options of the commands that compare

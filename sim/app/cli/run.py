@@ -55,7 +55,9 @@ def run(
         "units of `vllm bench serve --save-result` (docs/outputs.md).")] = False,
     chrome_trace: Annotated[bool, typer.Option(
         "--chrome-trace", help="Also write chrome_trace.json: steps, queue and running "
-        "counts, KV cache usage and request spans, for Perfetto or chrome://tracing.")
+        "counts, KV cache usage and request spans, for Perfetto or chrome://tracing (with "
+        "--disagg: a process per engine, the TTFT split's phases and the KV link's "
+        "transfers).")
     ] = False,
     parquet: Annotated[bool, typer.Option(
         "--parquet", help="Also write requests.parquet and steps.parquet (every step a "
@@ -88,9 +90,6 @@ def run(
         cells = parse_cells(compare) if compare is not None else None
         _check_extras(extras, cells)
         cfg = RunConfig(**(opts if cells is None else base_options(opts, cells)))
-        if cfg.disagg is not None and extras.chrome_trace:
-            raise ValueError("--chrome-trace draws one track per replica; a --disagg run's "
-                             "two pools are not drawn yet: give it without --chrome-trace")
         out = out or Path("runs/compare" if cells is not None else "runs/latest")
         _check_out(cfg, cells, out, report)
         prep = prepare(cfg)

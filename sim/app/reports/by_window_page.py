@@ -18,7 +18,7 @@ def windows_frame(d: LoadOverDay) -> pd.DataFrame:
                           "length (h)": w.length_s / 3600, "requests": w.num_requests,
                           "rate (req/s)": w.rate_rps, "replicas": w.replicas,
                           "GPUs": None if w.replicas is None
-                          else w.replicas * d.tensor_parallel_size}
+                          else w.replicas * d.gpus_per_replica}
                          for w in d.windows])
 
 
@@ -44,6 +44,7 @@ def record(d: LoadOverDay) -> dict[str, Any]:
     """plan.json's ``by_window``: the peak, the mean and the GPU-hours are null unless
     every window was confirmed."""
     return {"window_s": d.window_s, "tensor_parallel_size": d.tensor_parallel_size,
+            "gpus_per_replica": d.gpus_per_replica,
             "peak_replicas": d.peak_replicas, "mean_replicas": d.mean_replicas,
             "gpu_hours_following_load": d.gpu_hours_following_load,
             "gpu_hours_at_peak": d.gpu_hours_at_peak,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.app.reports import plan_page
+from sim.app.reports import fleet_text, plan_page
 from sim.app.reports.deploy_section import deploy_html, deploy_markdown
 from sim.app.reports.markdown import md_inline, md_table
 from sim.app.runs import deploy_config
@@ -30,7 +30,7 @@ def _config(p: GpuPlan) -> str:
     res = p.result
     if res is None or res.best is None:
         return "no config sustains any load"
-    return plan_page.knobs_text(res.best)
+    return fleet_text.knobs_text(res.best)
 
 
 def ranking_frame(r: GpuRanking) -> pd.DataFrame:

@@ -20,17 +20,12 @@ import pandas as pd
 
 from sim.app.reports import by_window_page, trace_timing
 from sim.app.reports.deploy_section import deploy_html, deploy_markdown
+from sim.app.reports.fleet_text import fleet_text, kinds_lines, knobs_text, replica_noun
 from sim.app.reports.markdown import md_inline, md_table
 from sim.app.runs import deploy_config
 from sim.app.runs.by_window import LoadOverDay
 from sim.app.runs.out_dir import write_files
-from sim.app.runs.plan import (
-    BURSTINESS_LEVELS,
-    MAX_DOWN,
-    ConfigResult,
-    PlanResult,
-    gpus_estimate,
-)
+from sim.app.runs.plan import BURSTINESS_LEVELS, MAX_UP, PlanResult, gpus_estimate
 from sim.app.runs.run_config import config_record
 from sim.app.runs.runner import MAX_REPLICAS
 from sim.saturation import RULE
@@ -38,11 +33,6 @@ from sim.saturation import RULE
 
 def _unit(res: PlanResult) -> str:
     return "req/s" if res.spec.load_axis == "rate" else "users"
-
-
-def knobs_text(c: ConfigResult) -> str:
-    """A config's knobs as "max_num_seqs=8, ..." ("the base config" without any)."""
-    return ", ".join(f"{k}={v}" for k, v in c.knobs.items()) or "the base config"
 
 
 def _ms(x: float | None) -> str:
@@ -88,15 +78,16 @@ def _answer(res: PlanResult) -> list[str]:
     med, lo, hi = best.interval(spec.load_axis)
     spread = (f"median over {len(best.searches)} seeds; interval {lo:,.3g}-{hi:,.3g} = "
               "min-max over seeds, each " if len(best.searches) > 1 else "")
-    per = (f"**One replica sustains {med:,.3g} {unit}** ({spread}found to within "
+    per = (f"**One {replica_noun(best)} sustains {med:,.3g} {unit}** ({spread}found to within "
            f"{spec.tolerance:.0%})")
     if spec.load_axis == "concurrency":
         tm = best.throughput_interval()[0]
         per += f", i.e. {tm:,.3g} req/s"
+    g = best.gpus_per_replica
     lines += [per, f"**Config**: {knobs_text(best)}; TP {best.tp} "
-              f"({best.tp} GPU{'s' if best.tp > 1 else ''} per replica)"]
+              f"({g} GPU{'s' if g > 1 else ''} per {replica_noun(best)})"]
     if spec.target is None:
-        lines.append(f"**Per GPU**: {med / best.tp:,.3g} {unit}; no --target given, so no "
+        lines.append(f"**Per GPU**: {med / g:,.3g} {unit}; no --target given, so no "
                      "cluster was sized")
         return lines
     est = math.ceil(spec.target / med) if med > 0 else None
@@ -113,13 +104,15 @@ def _answer(res: PlanResult) -> list[str]:
     worst_ttft = max((p.p_ttft_s or 0.0) for p in chk.probes)
     worst_tpot = max((p.p_tpot_s or 0.0) for p in chk.probes)
     seeds = f"all {len(chk.probes)} seeds" if len(chk.probes) > 1 else "its one seed"
+    cluster = (f"{r}-replica cluster" if best.pools is None
+               else f"{best.scaled(r).disagg} system")
     lines.append(
-        f"**Target {spec.target:,.4g} {unit}: {r} replica{'s' if r > 1 else ''} x TP "
-        f"{best.tp} = {r * best.tp} GPU{'s' if r * best.tp > 1 else ''}**, confirmed: the "
-        f"{r}-replica cluster behind the {spec.router} router at {spec.target:,.4g} {unit} "
+        f"**Target {spec.target:,.4g} {unit}: {fleet_text(best, r)}**, confirmed: the "
+        f"{cluster} behind the {spec.router} router at {spec.target:,.4g} {unit} "
         f"meets the SLOs on {seeds} (worst p{spec.slo.percentile:g} "
         f"TTFT {_s(worst_ttft)}, TPOT {_ms(worst_tpot)}; estimate from the median was "
         f"{est})")
+    lines += kinds_lines(res)
     others = [c for c in res.configs if c is not best and not c.error
               and c.interval(spec.load_axis)[0] > 0]
     if others:
@@ -138,11 +131,11 @@ def configs_frame(res: PlanResult) -> pd.DataFrame:
         passing = [k.replicas for k in checks if k.passes]
         row: dict[str, Any] = {"config": knobs_text(c), "TP": c.tp,
                                f"sustainable {unit} (median)": med, "min": lo, "max": hi,
-                               f"{unit} per GPU": med / c.tp if c.tp else None}
+                               f"{unit} per GPU": med / c.gpus_per_replica}
         if res.spec.target is not None:
             est = gpus_estimate(res.spec, c)
             row["GPUs for target (estimate)"] = None if math.isinf(est) else int(est)
-            row["GPUs confirmed"] = min(passing) * c.tp if passing else None
+            row["GPUs confirmed"] = min(passing) * c.gpus_per_replica if passing else None
         row["chosen"] = c is res.best
         row["note"] = c.error
         rows.append(row)
@@ -156,7 +149,8 @@ def checks_frame(res: PlanResult) -> pd.DataFrame:
         for k in checks:
             for p in k.probes:
                 rows.append({"config": knobs_text(c), "replicas": k.replicas,
-                             "GPUs": k.replicas * c.tp, "seed": p.seed, "offered": p.load,
+                             "GPUs": k.replicas * c.gpus_per_replica, "seed": p.seed,
+                             "offered": p.load,
                              "throughput (req/s)": p.throughput_rps,
                              "TTFT attainment": p.ttft_attainment,
                              "TPOT attainment": p.tpot_attainment,
@@ -228,9 +222,9 @@ def method_lines(res: PlanResult) -> list[str]:
            + ("and the requests drawn from the trace." if spec.base.trace
               and spec.base.trace_sample is not False else ".")),
         "Cluster check: replicas start at ceil(target / median), one more while the cluster "
-        "fails on any seed, one fewer while it still passes ("
-        + (f"up to {MAX_DOWN} fewer" if timed else "not below ceil(target / max)")
-        + f"); the router is {spec.router}; "
+        f"fails on any seed (up to {MAX_UP} more), else bisection down to the smallest "
+        "cluster that passes (the router smooths each replica's arrivals, so a cluster may "
+        f"carry more than its replicas' probed capacity); the router is {spec.router}; "
         + ("each check replays the probes' requests at the target." if timed else
            "each check simulates "
            f"{spec.check_requests if spec.check_requests else 'num_requests x replicas'}"

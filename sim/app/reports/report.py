@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from sim.app.reports.html_page import page
+from sim.app.reports.pool_timeline import is_disaggregated, pool_timeline_figure
 from sim.app.reports.run_dir import RunData, load_runs
 from sim.app.reports.tables import config_table, headline_table, latency_table
 from sim.app.runs.out_dir import check_files, mark_png, write_files
@@ -247,8 +248,12 @@ def _timeline_axes(fig: Any, peaks: list[float]) -> None:
 
 def _per_replica(run: RunData) -> list[tuple[str, pd.DataFrame]]:
     """A run's steps, split by replica for a cluster run (its steps.csv has a
-    ``replica`` column): each engine's batch and KV cache is its own."""
+    ``replica`` column), by pool and replica for a disaggregated one (and a ``pool``
+    column): each engine's batch and KV cache is its own."""
     steps = run.steps
+    if "pool" in steps:
+        return [(f"{run.name} {pool} {k}", g) for pool in ("prefill", "decode")
+                for k, g in steps[steps["pool"] == pool].groupby("replica", sort=True)]
     if "replica" not in steps or steps["replica"].nunique() <= 1:
         return [(run.name, steps)]
     return [(f"{run.name} replica {k}", g) for k, g in steps.groupby("replica", sort=True)]
@@ -299,11 +304,17 @@ def report_parts(runs: list[RunData]) -> list[str | Any]:
     figs = report_figures(runs)
     parts += ["<h2>Latency CDFs</h2>", figs[0], "<h2>Step timeline</h2>", figs[1],
               "<h2>Throughput over time</h2>", figs[2]]
+    pooled = [r for r in runs if is_disaggregated(r)]
+    for run, fig in zip(pooled, figs[3:], strict=True):
+        parts += [f"<h2>Prefill and decode pools: {html.escape(run.name)}</h2>", fig]
     return parts
 
 
 def report_figures(runs: list[RunData]) -> list[Any]:
-    return [cdf_figure(runs), timeline_figure(runs), throughput_figure(runs)]
+    """The report's figures: CDFs, step timeline, throughput, then the pool timeline of
+    each disaggregated run (sim/app/reports/pool_timeline.py)."""
+    return [cdf_figure(runs), timeline_figure(runs), throughput_figure(runs),
+            *(pool_timeline_figure(r) for r in runs if is_disaggregated(r))]
 
 
 def write_report(paths: Sequence[Path], out: Path,

@@ -11,8 +11,10 @@ from typing import Any
 
 import pandas as pd
 
+from sim.app.reports.fleet_text import cluster_text, replicas_text
 from sim.app.runs.load_search import PEAK_BINS
-from sim.app.runs.plan import MAX_UP, ClusterCheck, OtherTiming, PlanResult, PlanSpec
+from sim.app.runs.plan import MAX_UP, ClusterCheck, OtherTiming, PlanResult
+from sim.app.runs.plan_spec import PlanSpec
 
 
 def label(spec: PlanSpec, arrival: str) -> str:
@@ -49,10 +51,6 @@ def _worst_ttft(check: ClusterCheck) -> str:
     return f"{v:,.3f} s"
 
 
-def _replicas(n: int) -> str:
-    return f"{n} replica{'s' if n > 1 else ''}"
-
-
 def lines(res: PlanResult) -> list[str]:
     """The answer's line on the other timing (none when the plan checked none): whether
     it agrees, else what it says and why."""
@@ -63,27 +61,29 @@ def lines(res: PlanResult) -> list[str]:
     head = name[0].upper() + name[1:]
     hint = (" Plan with `--arrival trace` to size for the trace as it arrives."
             if o.arrival == "trace" else "")
-    first = o.checks[0]
+    first, best = o.checks[0], res.best
     if spec.target is None:
         verdict = "meets" if first.passes else "misses"
-        line = (f"**{head}**: one replica at {o.load:,.3g} req/s {verdict} the SLOs under "
+        one = "one replica" if best.pools is None else replicas_text(1, best)
+        line = (f"**{head}**: {one} at {o.load:,.3g} req/s {verdict} the SLOs under "
                 f"it (worst p{p:g} TTFT {_worst_ttft(first)})")
         return [line + ("" if first.passes else f"; {cause(spec, o.load)}.{hint}")]
-    r, n, tp = res.replicas, o.replicas, res.best.tp
+    r, n, gpus = res.replicas, o.replicas, res.best.gpus_per_replica
     assert r is not None
     if n == r:
         below = [k for k in o.checks if k.replicas == r - 1]
-        return [f"**{head} agrees: {_replicas(r)}** meet{'s' if r == 1 else ''} the SLOs "
+        return [f"**{head} agrees: {replicas_text(r, best)}** meet{'s' if r == 1 else ''} the SLOs "
                 f"at {o.load:,.4g} req/s "
                 f"under it too (worst p{p:g} TTFT {_worst_ttft(first)})"
                 + (f" and {r - 1} {'does' if r - 1 == 1 else 'do'} not" if below else "")]
-    says = (f"{_replicas(n)} ({n * tp} GPU{'s' if n * tp > 1 else ''})" if n is not None else
-            f"more than {max(k.replicas for k in o.checks)} replicas")
+    most = max(k.replicas for k in o.checks)
+    says = (f"{replicas_text(n, best)} ({n * gpus} GPU{'s' if n * gpus > 1 else ''})"
+            if n is not None else f"more than {replicas_text(most, best)}")
     # The check that shows the difference: the smaller cluster, which only one passes.
     k = next(c for c in o.checks if c.replicas == (r if n is None else min(n, r)))
     verdict = "meets" if k.passes else "misses"
     return [f"**{head} says {says}, not {r}**: at {o.load:,.4g} req/s the "
-            f"{k.replicas}-replica cluster {verdict} the SLOs under it (worst p{p:g} TTFT "
+            f"{cluster_text(k.replicas, best)} {verdict} the SLOs under it (worst p{p:g} TTFT "
             f"{_worst_ttft(k)}); {cause(spec, o.load)}.{hint}"]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sim.app.runs.pools import parse_disagg
 from sim.config import PREFIX_CACHE_MODES
 
 
@@ -22,6 +23,25 @@ def prefix_cache_mode(text: str) -> str:
     return text
 
 
+#: The disagg axis's value for an aggregated cell (sweep.cell_config applies it).
+AGGREGATED = "none"
+
+
+def disagg_value(text: str) -> str:
+    """One value of the disagg axis: none (aggregated serving) or xPyD, normalized to
+    upper case ("1p2d" -> "1P2D"). Raises ValueError for any other."""
+    if text.strip().lower() == AGGREGATED:
+        return AGGREGATED
+    x, y = parse_disagg(text)
+    return f"{x}P{y}D"
+
+
+#: ``servesim plan --disagg auto``: aggregated serving and the pool ratios a plan
+#: compares, each scaled to the target as a unit. Prefill-heavy traffic (long prompts,
+#: short answers, as Azure's code trace) needs the xP1D side, decode-heavy traffic (chat)
+#: the 1PyD side.
+AUTO_DISAGG = (AGGREGATED, "1P1D", "1P2D", "1P3D", "2P1D", "3P1D")
+
 #: Axis name (a RunConfig field) -> parser of one value. Grid order follows this order.
 AXES: dict[str, Callable[[str], Any]] = {
     "policy": str,
@@ -31,6 +51,7 @@ AXES: dict[str, Callable[[str], Any]] = {
     "long_prefill_token_threshold": int,
     "tensor_parallel_size": int,
     "replicas": int,
+    "disagg": disagg_value,
     "prefix_cache": prefix_cache_mode,
     "burstiness": float,
     "rate": float,
@@ -42,4 +63,5 @@ LOAD_AXES = ("rate", "concurrency")
 
 #: Engine knobs a plan may compare (the config grid), a subset of AXES in its order.
 PLAN_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-             "long_prefill_token_threshold", "tensor_parallel_size", "prefix_cache")
+             "long_prefill_token_threshold", "tensor_parallel_size", "disagg",
+             "prefix_cache")

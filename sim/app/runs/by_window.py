@@ -21,7 +21,8 @@ import numpy as np
 from scenarios.build import build_workload
 from sim.app.runs.durations import parse_duration
 from sim.app.runs.loop_comparison import Runner
-from sim.app.runs.plan import ClusterCheck, ConfigResult, PlanSpec, confirm_replicas
+from sim.app.runs.plan import ClusterCheck, confirm_replicas
+from sim.app.runs.plan_spec import ConfigResult, PlanSpec
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,14 @@ class Window:
 
 @dataclass(frozen=True)
 class LoadOverDay:
-    """The windows of a trace, and the fleet they need at ``tensor_parallel_size``; the
+    """The windows of a trace, and the fleet they need at ``tensor_parallel_size``, with
+    ``gpus_per_replica`` GPUs a replica (TP, or (x + y) x TP for an xPyD unit); the
     figures below are None unless every window was confirmed."""
 
     window_s: float
     tensor_parallel_size: int
     windows: list[Window]
+    gpus_per_replica: int
 
     @property
     def confirmed(self) -> bool:
@@ -68,21 +71,21 @@ class LoadOverDay:
     def mean_replicas(self) -> float | None:
         """Replicas averaged over the trace's span (each window weighted by its length)."""
         g = self.gpu_hours_following_load
-        return None if g is None else g * 3600 / self.tensor_parallel_size / self.span_s
+        return None if g is None else g * 3600 / self.gpus_per_replica / self.span_s
 
     @property
     def gpu_hours_following_load(self) -> float | None:
-        """Each window's replicas x TP for the window's length, summed, in GPU-hours."""
+        """Each window's GPUs for the window's length, summed, in GPU-hours."""
         r = self._replicas()
         return None if r is None else sum(
             n * w.length_s for n, w in zip(r, self.windows, strict=True)) \
-            * self.tensor_parallel_size / 3600
+            * self.gpus_per_replica / 3600
 
     @property
     def gpu_hours_at_peak(self) -> float | None:
-        """The peak's replicas x TP over the trace's span, in GPU-hours."""
+        """The peak's GPUs over the trace's span, in GPU-hours."""
         peak = self.peak_replicas
-        return None if peak is None else peak * self.tensor_parallel_size * self.span_s / 3600
+        return None if peak is None else peak * self.gpus_per_replica * self.span_s / 3600
 
 
 def window_spans(arrival_time: np.ndarray, window_s: float) -> list[tuple[float, float, int]]:
@@ -149,4 +152,4 @@ def load_over_day(spec: PlanSpec, best: ConfigResult, window_s: float,
         replicas, checks = confirm_replicas(dataclasses.replace(spec, target=rate), best,
                                             runner)
         windows.append(Window(start, length, n, rate, replicas, checks))
-    return LoadOverDay(window_s, best.tp, windows)
+    return LoadOverDay(window_s, best.tp, windows, best.gpus_per_replica)

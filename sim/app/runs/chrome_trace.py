@@ -18,6 +18,17 @@ Owns the layout. Each replica is a process ("replica 0", ...). In it:
   and ``decode`` (to finish) events; requests are laid into as few threads as keep
   their spans apart. The first MAX_REQUEST_SPANS requests by arrival.
 
+A disaggregated run (``servesim run --disagg xPyD``: its step table has a ``pool``
+column, its request table the TTFT split of sim/disagg/records.py) is drawn engine by
+engine: each engine is a process named by its pool ("prefill 0", ..., "decode 0", ...,
+prefill engines first) with its steps thread and counters as above; a request prefilled
+remotely has two spans, on its prefill engine from arrival to the KV's landing (while
+that engine holds its blocks) holding ``prefill queued``, ``prefill``, ``kv wait`` and
+``kv transfer``, and on its decode engine from the landing to finish holding ``decode
+admission`` and ``decode``; a prompt kept local has one span on its decode engine, as
+an aggregated run's. A last process, "KV link", has one event per transfer, from its
+start to its landing, in as few threads as keep them apart.
+
 Times are whole microseconds from the run's start (integers, so nested events nest
 exactly after Perfetto converts them to nanoseconds). ``otherData`` says what was cut.
 """
@@ -46,8 +57,11 @@ STEP_TID = 0
 
 def chrome_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[str, Any]:
     """The trace of a run's request and step tables (metrics.REQUEST_COLUMNS and
-    STEP_COLUMNS, with a ``replica`` column for a cluster; seconds) as the Trace Event
-    Format's JSON object. ``num_gpu_blocks`` (per replica) scales kv_cache_usage_perc."""
+    STEP_COLUMNS, with a ``replica`` column for a cluster, and ``pool`` with the TTFT
+    split for a disaggregated run; seconds) as the Trace Event Format's JSON object.
+    ``num_gpu_blocks`` (per replica) scales kv_cache_usage_perc."""
+    if "pool" in steps:
+        return _disagg_trace(requests, steps, num_gpu_blocks)
     events: list[dict[str, Any]] = []
     rep_steps = _replica_column(steps)
     rep_reqs = _replica_column(requests)
@@ -55,15 +69,11 @@ def chrome_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[str
     step_rows = 0
     step_cap = MAX_STEP_EVENTS // max(len(replicas), 1)
     for r in replicas:
-        pid = r + 1
-        events += [_meta("process_name", pid, None, f"replica {r}"),
-                   _meta("process_sort_index", pid, None, r),
-                   _meta("thread_name", pid, STEP_TID, "steps")]
         mine = {c: v[rep_steps == r] for c, v in steps.items()}
-        events += _counters(mine, pid, num_gpu_blocks)
-        step_events = _step_events(mine, pid, step_cap)
-        step_rows += len(step_events)
-        events += step_events
+        engine, num_steps = _engine_events(mine, r + 1, f"replica {r}", num_gpu_blocks,
+                                           step_cap)
+        events += engine
+        step_rows += num_steps
     spans, num_spans = _request_events(requests, rep_reqs)
     events += spans
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {
@@ -71,6 +81,18 @@ def chrome_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[str
         "max_step_events_per_replica": step_cap,
         "request_spans": num_spans, "max_request_spans": MAX_REQUEST_SPANS,
         "counter_points_per_replica": COUNTER_POINTS}}
+
+
+def _engine_events(steps: Table, pid: int, name: str, num_gpu_blocks: int, step_cap: int
+                   ) -> tuple[list[dict[str, Any]], int]:
+    """One engine's process (``pid``, named ``name``): its names, counters and step
+    events (the first ``step_cap``); and how many step events."""
+    events = [_meta("process_name", pid, None, name),
+              _meta("process_sort_index", pid, None, pid - 1),
+              _meta("thread_name", pid, STEP_TID, "steps")]
+    events += _counters(steps, pid, num_gpu_blocks)
+    step_events = _step_events(steps, pid, step_cap)
+    return events + step_events, len(step_events)
 
 
 def _replica_column(table: Table) -> np.ndarray:
@@ -152,10 +174,7 @@ def _request_events(requests: Table, replica: np.ndarray
                     ) -> tuple[list[dict[str, Any]], int]:
     """The finished requests' spans (the first MAX_REQUEST_SPANS by arrival), each in
     the lowest request thread of its replica that is free at its arrival; and how many."""
-    done = column(requests, "status") == RequestStatus.FINISHED.value
-    order = np.flatnonzero(done)
-    order = order[np.argsort(column(requests, "arrival_time")[order],
-                             kind="stable")][:MAX_REQUEST_SPANS]
+    order = _first_finished(requests)
     a, s, f, e = (_us(column(requests, c)[order]).tolist() for c in (
         "arrival_time", "first_scheduled_time", "first_token_time", "finish_time"))
     ids = column(requests, "request_id")[order].tolist()
@@ -180,6 +199,135 @@ def _request_events(requests: Table, replica: np.ndarray
                              ("decode", f[i], e[i])):
             events.append({**common, "name": name, "ts": t0, "dur": t1 - t0})
     return events, len(order)
+
+
+def _first_finished(requests: Table) -> np.ndarray:
+    """The row indices of the first MAX_REQUEST_SPANS finished requests by arrival."""
+    done = column(requests, "status") == RequestStatus.FINISHED.value
+    order = np.flatnonzero(done)
+    return order[np.argsort(column(requests, "arrival_time")[order],
+                            kind="stable")][:MAX_REQUEST_SPANS]
+
+
+# -- a disaggregated run ------------------------------------------------------------------
+
+#: The pools, in the order their engines' processes come.
+POOLS = ("prefill", "decode")
+#: The phases of a remotely prefilled request: on its prefill engine (the first four
+#: parts of the TTFT split, sim/disagg/records.py SPLIT_COLUMNS), then on its decode
+#: engine (the split's last part, then first token to finish).
+PREFILL_PHASES = ("prefill queued", "prefill", "kv wait", "kv transfer")
+DECODE_PHASES = ("decode admission", "decode")
+
+#: A span to lay into a thread: (start_us, end_us, pid, thread label, its events).
+_Span = tuple[int, int, int, str, list[dict[str, Any]]]
+
+
+def _disagg_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[str, Any]:
+    """The trace of a disaggregated run (module docstring): a process per engine,
+    prefill engines first, then the KV link's."""
+    pool = column(steps, "pool")
+    rep = column(steps, "replica").astype(np.int64)
+    engines = sorted({(POOLS.index(p), r) for p, r in zip(pool.tolist(), rep.tolist(),
+                                                            strict=True)})
+    pids = {(POOLS[k], r): i + 1 for i, (k, r) in enumerate(engines)}
+    events: list[dict[str, Any]] = []
+    step_rows = 0
+    step_cap = MAX_STEP_EVENTS // max(len(pids), 1)
+    for (name, r), pid in pids.items():
+        mask = (pool == name) & (rep == r)
+        engine, num_steps = _engine_events({c: v[mask] for c, v in steps.items()}, pid,
+                                           f"{name} {r}", num_gpu_blocks, step_cap)
+        events += engine
+        step_rows += num_steps
+    link_pid = len(pids) + 1
+    events += [_meta("process_name", link_pid, None, "KV link"),
+               _meta("process_sort_index", link_pid, None, link_pid - 1)]
+    spans, num_requests = _handover_spans(requests, pids, link_pid)
+    events += _laid_out(spans)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {
+        "source": "servesim", "step_events": step_rows,
+        "max_step_events_per_replica": step_cap,
+        "request_spans": num_requests, "max_request_spans": MAX_REQUEST_SPANS,
+        "transfer_events": sum(sp[2] == link_pid for sp in spans),
+        "counter_points_per_replica": COUNTER_POINTS}}
+
+
+def _handover_spans(requests: Table, pids: dict[tuple[str, int], int], link_pid: int
+                    ) -> tuple[list[_Span], int]:
+    """The spans of the first MAX_REQUEST_SPANS finished requests by arrival (module
+    docstring), and how many requests."""
+    from sim.disagg.records import SPLIT_COLUMNS
+
+    order = _first_finished(requests)
+    pre = _engine_indices(column(requests, "prefill_replica")[order])
+    dec = _engine_indices(column(requests, "decode_replica")[order])
+    remote = np.array([p is not None for p in pre], dtype=bool)
+    a = column(requests, "arrival_time")[order]
+    split = np.column_stack([np.where(remote, column(requests, c)[order], 0.0)
+                             for c in SPLIT_COLUMNS]).reshape(len(order), -1)
+    stamps = np.column_stack([a, a[:, None] + np.cumsum(split, axis=1),
+                              column(requests, "finish_time")[order]])
+    stamps_us = np.maximum.accumulate(_us(stamps), axis=1).tolist()  # rounding never reorders
+    local_us = np.column_stack([_us(column(requests, c)[order]) for c in (
+        "arrival_time", "first_scheduled_time", "first_token_time",
+        "finish_time")]).reshape(len(order), -1).tolist()
+    ids = column(requests, "request_id")[order].tolist()
+    n_in = column(requests, "num_prompt_tokens")[order].tolist()
+    n_out = column(requests, "num_output_tokens")[order].tolist()
+    n_pre = column(requests, "num_preemptions")[order].tolist()
+    spans: list[_Span] = []
+    for i in range(len(order)):
+        name, p, d = f"request {ids[i]}", pre[i], dec[i]
+        assert d is not None, "a finished request ended on a decode engine"
+        d_pid = pids[("decode", d)]
+        decode_args = {"num_prompt_tokens": n_in[i], "num_output_tokens": n_out[i],
+                       "num_preemptions": n_pre[i]}
+        if p is None:  # kept local: queued, prefill and decode on the decode engine
+            spans.append(_span(d_pid, "request", name, ("queued", "prefill", "decode"),
+                               local_us[i], {**decode_args, "prefill_engine": "local"}))
+            continue
+        t = stamps_us[i]
+        p_pid, p_name, d_name = pids[("prefill", p)], f"prefill {p}", f"decode {d}"
+        spans.append(_span(p_pid, "request", name, PREFILL_PHASES, t[:5],
+                           {"num_prompt_tokens": n_in[i], "decode_engine": d_name}))
+        spans.append(_span(d_pid, "request", name, DECODE_PHASES, t[4:],
+                           {**decode_args, "prefill_engine": p_name}))
+        spans.append(_span(link_pid, "transfer", name, (), t[3:5], {
+            "from": p_name, "to": d_name, "num_prompt_tokens": n_in[i]}))
+    return spans, len(order)
+
+
+def _engine_indices(values: np.ndarray) -> list[int | None]:
+    """A requests table's prefill_replica or decode_replica column as engine indices,
+    None where the request never reached that pool (None in memory, NaN from a CSV)."""
+    return [None if v is None or v != v else int(v) for v in values.tolist()]
+
+
+def _span(pid: int, cat: str, name: str, phases: tuple[str, ...], stamps_us: list[int],
+          args: dict[str, Any]) -> _Span:
+    """A span of category ``cat`` ("request" or "transfer", laid into the threads
+    "requests N" or "transfers N") named ``name``, from the first of ``stamps_us`` to the
+    last, holding one event per phase between consecutive stamps."""
+    common = {"ph": "X", "cat": cat, "pid": pid}
+    events = [{**common, "name": name, "ts": stamps_us[0],
+               "dur": stamps_us[-1] - stamps_us[0], "args": args}]
+    events += [{**common, "name": phase, "ts": t0, "dur": t1 - t0}
+               for phase, t0, t1 in zip(phases, stamps_us, stamps_us[1:], strict=False)]
+    return stamps_us[0], stamps_us[-1], pid, f"{cat}s", events
+
+
+def _laid_out(spans: list[_Span]) -> list[dict[str, Any]]:
+    """The spans' events, each span in the lowest thread of its process free at its
+    start (spans taken by start time), and the names of the threads they open."""
+    lanes: dict[int, _Lanes] = {}
+    out: list[dict[str, Any]] = []
+    for start, end, pid, label, events in sorted(spans, key=lambda sp: sp[0]):
+        tid, new = lanes.setdefault(pid, _Lanes()).take(start, end)
+        if new:
+            out.append(_meta("thread_name", pid, tid, f"{label} {tid - 1}"))
+        out += [{**ev, "tid": tid} for ev in events]
+    return out
 
 
 class _Lanes:

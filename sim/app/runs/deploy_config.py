@@ -18,6 +18,7 @@ from typing import Any
 
 from sim.app.runs.out_dir import YAML_MARK
 from sim.app.runs.plan import PlanResult
+from sim.app.runs.pools import DEVICE_FIELDS, POOLS, link_spec, parse_disagg
 from sim.app.runs.runner import Prepared, RunConfig, prepare
 
 SERVE_FILE = "vllm_serve.yaml"
@@ -49,7 +50,8 @@ DECIDED_ELSEWHERE = (
 class Deployment:
     """The chosen config as ``vllm serve`` runs it: ``serve`` the YAML's keys in vLLM's
     spelling, ``replicas`` x ``tensor_parallel_size`` GPUs of ``gpu`` behind a
-    ``router``, ``notes`` on what the YAML cannot carry."""
+    ``router``, ``notes`` on what the YAML cannot carry; ``disagg``, the xPyD system
+    whose engines the replicas are (None: aggregated serving)."""
 
     serve: dict[str, Any]
     gpu: str
@@ -57,6 +59,7 @@ class Deployment:
     tensor_parallel_size: int
     router: str
     notes: tuple[str, ...] = ()
+    disagg: str | None = None
 
     def yaml(self) -> str:
         """The YAML file: one ``key: value`` line per key (JSON scalars, which YAML
@@ -64,6 +67,10 @@ class Deployment:
         without it is the user's, never replaced) and a comment naming the fleet."""
         size = (f"{self.replicas} replica(s) x TP {self.tensor_parallel_size}"
                 if self.replicas else f"TP {self.tensor_parallel_size} per replica")
+        if self.disagg is not None:
+            size = f"{self.disagg}, " + (f"{self.replicas} engines x TP "
+                                         f"{self.tensor_parallel_size}" if self.replicas
+                                         else f"TP {self.tensor_parallel_size} per engine")
         head = [YAML_MARK, f"# vllm serve --config {SERVE_FILE}: {size} on {self.gpu} "
                 "(servesim plan's chosen config)"]
         return "\n".join(head + [f"{k}: {json.dumps(v)}" for k, v in self.serve.items()]) + "\n"
@@ -135,7 +142,28 @@ def notes(prep: Prepared) -> tuple[str, ...]:
     if cfg.kv_cache_memory_bytes is not None:
         out.append(f"--kv-cache-memory {cfg.kv_cache_memory_bytes} is not written: "
                    "servesim's YAML reader does not take it back")
+    if cfg.disagg is not None:
+        out.append(disagg_note(cfg))
     return tuple(out)
+
+
+def disagg_note(cfg: RunConfig) -> str:
+    """How a disaggregated plan's engines are started: the commands' first x are the
+    prefill instances, the other y the decode instances, each with vLLM's NIXL KV
+    connector (vLLM docs/features/nixl_connector_usage.md) behind a proxy that prefills
+    with max_tokens 1 and then decodes (docs/features/disagg_prefill.md); the pools'
+    own batch limits, which the one YAML cannot carry."""
+    x, y = parse_disagg(cfg.disagg or "")
+    own = [f"{pool} {knob} {v}" for pool in POOLS
+           for knob in ("max_num_seqs", "max_num_batched_tokens", *DEVICE_FIELDS)
+           if (v := getattr(cfg, f"{pool}_{knob}")) is not None]
+    return (f"disaggregated serving, {x}P{y}D: the first {x} command(s) are the prefill "
+            f"instances, the other {y} the decode instances; start each with "
+            "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":"
+            "\"kv_both\"}' and send requests through vLLM's disaggregated-serving proxy "
+            "(it prefills on a prefill instance with max_tokens 1, then decodes on a decode "
+            "instance); the KV link the plan assumed: "
+            f"{link_spec(cfg).name}" + (f"; per pool: {', '.join(own)}" if own else ""))
 
 
 def deployment(config: RunConfig, replicas: int | None, router: str) -> Deployment:
@@ -143,8 +171,10 @@ def deployment(config: RunConfig, replicas: int | None, router: str) -> Deployme
     ``replicas`` of it behind ``router``."""
     prep = prepare(dataclasses.replace(config, replicas=1, num_requests=1))
     assert prep.config.gpu is not None, "RunConfig resolves the GPU"
+    if config.disagg is not None and replicas is not None:
+        replicas = sum(parse_disagg(config.disagg))  # its engines
     return Deployment(serve_keys(prep), prep.config.gpu, replicas,
-                      config.tensor_parallel_size, router, notes(prep))
+                      config.tensor_parallel_size, router, notes(prep), config.disagg)
 
 
 def serve_file(d: Deployment | None) -> str:
@@ -157,13 +187,17 @@ def plan_deployment(res: PlanResult) -> Deployment | None:
     config)."""
     if res.best is None:
         return None
-    return deployment(res.best.config, res.replicas, res.spec.router)
+    r = res.replicas
+    return deployment(res.best.scaled(r) if r is not None else res.best.config, r,
+                      res.spec.router)
 
 
 def record(d: Deployment | None) -> dict[str, Any] | None:
-    """plan.json's ``deploy``: the YAML's keys, the fleet and the commands."""
+    """plan.json's ``deploy``: the YAML's keys, the fleet and the commands; ``disagg``
+    (the xPyD system, whose engines ``replicas`` counts) for disaggregated serving only."""
     if d is None:
         return None
     return {"file": SERVE_FILE, "vllm_serve": d.serve, "gpu": d.gpu, "replicas": d.replicas,
             "tensor_parallel_size": d.tensor_parallel_size, "router": d.router,
-            "commands": d.commands(), "notes": list(d.notes)}
+            "commands": d.commands(), "notes": list(d.notes),
+            **({"disagg": d.disagg} if d.disagg is not None else {})}

@@ -14,12 +14,14 @@ not apply there (vLLM's CPU engine budgets the host's memory, which no profile r
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calibration.gpus import SPEC_FILE_SUFFIXES, GPUSpec, get_gpu, list_gpus
 
 if TYPE_CHECKING:
-    from calibration.profile import Profile
+    from calibration.profile import MeasuredRange, Profile
+    from scenarios.workload import Workload
+    from sim.config import SchedulerConfig
 
 #: The GPU a run without a profile is priced on.
 DEFAULT_GPU = "h100-sxm"
@@ -124,3 +126,21 @@ def check_cpu_pool(pool_bytes: int, option: str) -> None:
         raise ValueError(f"{option}: a KV cache of {pool_bytes / (1 << 30):,.2f} GiB is more "
                          f"than one CPU socket holds ({CPU_MAX_KV_BYTES >> 30:,} GiB); vLLM's "
                          "CPU engine refuses a cache above its node's available memory")
+
+
+def range_warnings(measured: MeasuredRange | None, cfg: Any,
+                   sched: SchedulerConfig, w: Workload) -> tuple[str, ...]:
+    """The lines for a run (``cfg``, a RunConfig: run_config imports this module) whose
+    limits or requests reach past its profile's measured range (none without a profile):
+    a request counts when max_model_len admits its prompt and max_tokens, with its prompt
+    and output tokens."""
+    if measured is None:
+        return ()
+    import numpy as np  # here: the CLI's --help reads this module and needs no numpy
+
+    assert cfg.max_num_seqs is not None, "prepare resolves the batch limits"
+    ok = w.num_prompt_tokens + w.max_tokens <= sched.max_model_len
+    tokens = (w.num_prompt_tokens + np.minimum(w.output_len, w.max_tokens))[ok]
+    longest = int(tokens.max()) if len(tokens) else 0
+    return tuple(measured.warnings(cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   sched.max_model_len, longest))

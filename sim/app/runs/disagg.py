@@ -1,18 +1,28 @@
 """``servesim run --disagg xPyD``: the run's workload through its prefill and decode
-pools (sim/disagg/), with the settings of sim/app/runs/pools.py. Both pools run the
-run's model on its GPU with its cost model, each engine with the run's KV pool
-(num_gpu_blocks, as one engine's KV plan finds it)."""
+pools (sim/disagg/), with the settings of sim/app/runs/pools.py. Each pool's engines run
+the run's model on the pool's GPU and tensor parallelism with the pool's memory share
+(``pool_engines``: the run's engine where the pool changes none of them, else prepare's
+engine side on the pool's own config), and the KV link moves one port pair's bytes
+(``kv_transfer_bytes_per_token``: the side with fewer TP shards carries more a port)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from policies.registry import get_policy_class
 from policies.routers import make_router
 from scenarios.workload import Workload
-from sim.app.runs.pools import link_spec, parse_disagg, pool_config
+from sim.app.runs.pools import (
+    DEVICE_FIELDS,
+    POOLS,
+    link_spec,
+    parse_disagg,
+    pool_config,
+    pool_run_config,
+)
 from sim.app.runs.prompt_content import workload_segments
 from sim.app.runs.run_config import RunConfig
 from sim.config import SchedulerConfig
@@ -30,34 +40,129 @@ class PreparedRun(Protocol):
     workload: Workload
     cost_model: CostModel
     num_gpu_blocks: int
+    pools: dict[str, PoolEngine] | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEngine:
+    """One pool's engine as prepared: its ``gpu`` (a preset name or GPU spec file),
+    ``tensor_parallel_size``, scheduler config (the pool's batch limits; KV bytes a block
+    on one TP shard), cost model and ``num_gpu_blocks`` (one engine's KV pool, per GPU)."""
+
+    gpu: str
+    tensor_parallel_size: int
+    scheduler: SchedulerConfig
+    cost_model: CostModel
+    num_gpu_blocks: int
+
+    def record(self) -> dict[str, Any]:
+        """summary.json's figures of the pool's engine: gpu, tensor_parallel_size,
+        num_gpu_blocks."""
+        return {"gpu": self.gpu, "tensor_parallel_size": self.tensor_parallel_size,
+                "num_gpu_blocks": self.num_gpu_blocks}
+
+
+#: prepare's engine side for one config (sim/app/runs/runner.py passes it): the config
+#: as resolved, its scheduler config, cost model and num_gpu_blocks; raises ValueError
+#: (a Refused for what vLLM refuses at start-up) as prepare does.
+EngineOf = Callable[[RunConfig], tuple[RunConfig, SchedulerConfig, CostModel, int]]
+
+
+def pool_engines(cfg: RunConfig, run: tuple[RunConfig, SchedulerConfig, CostModel, int],
+                 engine_of: EngineOf) -> dict[str, PoolEngine] | None:
+    """A disaggregated run's engine per pool (None for an aggregated run): the run's
+    engine ``run`` (as ``engine_of`` gives it) where the pool keeps the run's GPU, TP and
+    gpu_memory_utilization, else ``engine_of`` on the pool's own config
+    (pools.pool_run_config: a vLLM launch of its own on the pool's GPU, its defaults and
+    the roofline's constants for that GPU where the run left them); each with the pool's
+    batch limits (pools.pool_config). Raises ValueError (or Refused) naming the pool's
+    fields for an engine vLLM would not start."""
+    if cfg.disagg is None:
+        return None
+    out = {}
+    for pool in POOLS:
+        own = pool_run_config(cfg, pool)
+        engine = run
+        if own is not None:
+            try:
+                engine = engine_of(own)
+            except ValueError as e:
+                given = ", ".join(f"{pool}_{f} {getattr(cfg, f'{pool}_{f}')}"
+                                  for f in DEVICE_FIELDS
+                                  if getattr(cfg, f"{pool}_{f}") is not None)
+                raise type(e)(f"{pool} pool ({given}): {e}") from None
+        resolved, sched, cost, blocks = engine
+        assert resolved.gpu is not None, "RunConfig resolves the GPU"
+        out[pool] = PoolEngine(resolved.gpu, resolved.tensor_parallel_size,
+                               pool_config(sched, cfg, pool), cost, blocks)
+    return out
+
+
+def prepare_pool(prep: PreparedRun, pool: str) -> PoolEngine:
+    """``pool``'s ("prefill" or "decode") engine of a prepared disaggregated run
+    (pool_engines)."""
+    assert prep.pools is not None, "a prepared disaggregated run has its pools"
+    return prep.pools[pool]
+
+
+def kv_transfer_bytes_per_token(prefill: PoolEngine, decode: PoolEngine,
+                                block_size: int) -> float:
+    """KV bytes a prompt token moves between a prefill engine's port and a decode
+    engine's (sim/disagg/link.py prices one port pair at one NIC's bandwidth): the larger
+    of the two pools' KV bytes a token on one GPU, total / min(TP_p, TP_d) for KV heads
+    sharded over TP.
+
+    vLLM's NixlConnector has each decode TP worker read its heads of the prompt's KV
+    from the prefill workers that hold them (vllm-project/vllm
+    vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py,
+    NixlConnectorWorker.add_remote_agent, commit 002a105): with TP_d > TP_p, TP_d / TP_p
+    decode workers each read a slice of one prefill worker's heads; with TP_p > TP_d,
+    each decode worker reads from TP_p / TP_d prefill workers. Each prefill GPU sends
+    total / TP_p bytes and each decode GPU receives total / TP_d, every GPU over its own
+    NIC at once, so the side with fewer shards, total / min(TP_p, TP_d) a NIC, bounds the
+    transfer. Since the link takes an engine as one port, transfers that share an engine
+    of the side with more shards are slowed there as if it had one NIC (by up to
+    TP_large / TP_small); a cache replicated on every shard (MLA, or TP above the KV
+    heads) moves one GPU's copy."""
+    p, d = prefill.scheduler.kv_bytes_per_block, decode.scheduler.kv_bytes_per_block
+    assert p is not None and d is not None, "the runner sizes a block"
+    return max(p, d) / block_size
 
 
 def simulate_disagg_prepared(prep: PreparedRun,
                              progress: Callable[[int], None] | None = None,
                              fast_path: bool = True, watched: object = None) -> SimResult:
-    """Simulate ``prep``'s workload through its xPyD pools (sim/disagg/system.py).
-    ``watched``: a step observer or executor, refused (ValueError): the pools' engines
-    take neither."""
+    """Simulate ``prep``'s workload through its xPyD pools (sim/disagg/system.py), each
+    pool's engines as the runner prepared them (pool_engines); summary.json's ``disagg`` block gains
+    each pool's gpu, tensor_parallel_size and num_gpu_blocks. ``watched``: a step
+    observer or executor, refused (ValueError): the pools' engines take neither.
+    """
     if watched is not None:
         raise ValueError("a step observer (slot diagram) or executor (validation) needs "
                          "an aggregated run (no --disagg)")
     cfg, w = prep.config, prep.workload
     assert cfg.disagg is not None and cfg.block_size is not None, "a checked disagg run"
     x, y = parse_disagg(cfg.disagg)
-    assert prep.scheduler.kv_bytes_per_block is not None, "the runner sizes a block"
+    engines = {name: prepare_pool(prep, name) for name in POOLS}
     arrivals = ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
                               w.max_tokens, w.priority, w.request_id)
     span = float(w.arrival_time[-1] - w.arrival_time[0]) if len(w) else 0.0
 
     def pool(n: int, name: str) -> Pool:
+        e = engines[name]
         router = make_router(cfg.router, prompt_segments=workload_segments(w))
-        return Pool(n, pool_config(prep.scheduler, cfg, name), prep.cost_model, router,
-                    prep.num_gpu_blocks)
+        return Pool(n, e.scheduler, e.cost_model, router, e.num_gpu_blocks)
 
-    return simulate_disagg(
+    result = simulate_disagg(
         arrivals, prefill=pool(x, "prefill"), decode=pool(y, "decode"),
         policy_factory=get_policy_class(cfg.policy), link=link_spec(cfg),
-        kv_bytes_per_token=prep.scheduler.kv_bytes_per_block / cfg.block_size,
+        kv_bytes_per_token=kv_transfer_bytes_per_token(engines["prefill"], engines["decode"],
+                                                       cfg.block_size),
         min_prompt_tokens=cfg.disagg_min_prompt_tokens or 0, block_size=cfg.block_size,
         slo_ttft_s=cfg.slo_ttft, slo_tpot_s=cfg.slo_tpot, progress=progress,
         slice_s=span / 100 if span > 0 else math.inf, fast_path=fast_path)
+    block = result.summary["disagg"]
+    for name, e in engines.items():
+        figures = block[name]
+        block[name] = {"num_replicas": figures.pop("num_replicas"), **e.record(), **figures}
+    return result

@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 
 from sim.app.runs.load_search import Probe, with_load
-from sim.app.runs.plan import PlanResult, PlanSpec
+from sim.app.runs.plan import PlanResult
+from sim.app.runs.plan_spec import PlanSpec
 from sim.app.runs.prices import GpuPrice
 from sim.app.runs.runner import RunConfig, check_config, prepare
 from sim.app.runs.startup_checks import Refused
+from sim.app.runs.sweep import cell_config
 
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 """The tensor parallel sizes tried, smallest first, for a GPU the model does not fit
@@ -49,7 +51,7 @@ def grid_tensor_parallel(base: RunConfig, cells: list[dict[str, Any]]) -> int:
     """The smallest TP at which every cell (axis values applied to ``base``) of a plan's
     grid can start: smallest_tensor_parallel of its most restrictive cell (a lower
     --gpu-memory-utilization, say, leaves less room for the weights per GPU)."""
-    return max(smallest_tensor_parallel(dataclasses.replace(base, **cell))
+    return max(smallest_tensor_parallel(cell_config(base, cell))
                for cell in cells or [{}])
 
 
@@ -110,8 +112,10 @@ class GpuPlan:
 
     @property
     def gpus(self) -> int | None:
-        r, tp = self.replicas, self.tp
-        return r * tp if r is not None and tp is not None else None
+        """The fleet's GPUs: replicas x GPUs per replica (TP, or (x + y) x TP a unit)."""
+        best = self.result.best if self.result else None
+        r = self.replicas
+        return r * best.gpus_per_replica if r is not None and best is not None else None
 
     @property
     def usd_per_hour(self) -> float | None:

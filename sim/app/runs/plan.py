@@ -2,8 +2,9 @@
 config does it best, and how many replicas (GPUs = replicas x TP) a target load needs.
 
 Owns the plan: the config grid's searches, the choice of config, the cluster confirmation
-and the evidence runs (burstiness, open vs closed loop). The probe and the search over
-load for one (config, seed) are sim/app/runs/load_search.py; reports are written by
+and the evidence runs (burstiness, open vs closed loop). What is planned (PlanSpec) and
+the candidate configs are sim/app/runs/plan_spec.py; the probe and the search over load
+for one (config, seed) are sim/app/runs/load_search.py; reports are written by
 sim/app/reports/plan_page.py. Method (docs/capacity.md):
 
 - A probe replays the workload's first ``num_requests`` requests (their lengths) re-timed
@@ -16,7 +17,9 @@ sim/app/reports/plan_page.py. Method (docs/capacity.md):
   end. Over seeds, the plan reports the median with the [min, max] interval.
 - Replicas for a target start from ceil(target / median) and are confirmed by simulating
   the whole cluster (router included) at the target on every seed: one more replica while
-  it fails, one fewer while that still passes.
+  it fails, else bisection down to the smallest cluster that passes. A disaggregated
+  config's replica is one xPyD unit; n units are one system of nx prefill and ny decode
+  engines.
 - With ``arrival="trace"`` a probe replays the whole trace (or its window) in order, its
   own arrivals time-scaled to the probed rate, on the first seed only (nothing is drawn
   at random). Re-timing smooths a trace's swings in rate, so a trace plan also checks its
@@ -28,68 +31,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
-
-from sim.app.runs.axes import PLAN_AXES
 from sim.app.runs.load_search import (
-    SLO,
     Probe,
     ProbeTask,
-    SearchResult,
     SearchTask,
-    TraceTiming,
     run_probe,
     search_all,
-    trace_timing,
     with_load,
 )
 from sim.app.runs.loop_comparison import LoopRun, Runner, loop_comparison
-from sim.app.runs.runner import MAX_REPLICAS, RunConfig, prepare
-from sim.app.runs.startup_checks import Refused
-from sim.app.runs.sweep import Grid, driver_inputs
+from sim.app.runs.plan_spec import ConfigResult, PlanSpec, candidates
 
 BURSTINESS_LEVELS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Gamma shapes of the burstiness evidence (CV = 1/sqrt(k); 1 = Poisson)."""
 
-MAX_DOWN, MAX_UP = 2, 4
-
-ARRIVALS = ("poisson", "trace")
-"""How a rate probe reaches its load: poisson re-times the requests (gamma with the base's
-burstiness); trace time-scales the trace's own arrivals."""
-
-
-@dataclass
-class ConfigResult:
-    """One engine config of the grid: its knobs, searches and the derived capacity."""
-
-    index: int
-    knobs: dict[str, Any]
-    config: RunConfig
-    searches: list[SearchResult] = field(default_factory=list)
-    error: str = ""
-
-    @property
-    def tp(self) -> int:
-        return self.config.tensor_parallel_size
-
-    def interval(self, load_axis: str = "rate") -> tuple[float, float, float]:
-        """(median, min, max) over seeds of the sustainable load: req/s for a rate search,
-        users for a concurrency search."""
-        return _interval([s.sustainable for s in self.searches])
-
-    def throughput_interval(self) -> tuple[float, float, float]:
-        """(median, min, max) over seeds of the throughput (req/s) at the sustainable load."""
-        return _interval([s.sustainable_throughput for s in self.searches])
-
-
-def _interval(values: list[float]) -> tuple[float, float, float]:
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return (0.0, 0.0, 0.0)
-    return float(np.median(v)), float(v.min()), float(v.max())
-
+MAX_UP = 4
+"""The most replicas a cluster search adds to its first size while the cluster fails."""
 
 @dataclass
 class ClusterCheck:
@@ -101,68 +59,6 @@ class ClusterCheck:
     @property
     def passes(self) -> bool:
         return all(p.feasible for p in self.probes)
-
-
-@dataclass
-class PlanSpec:
-    """What to plan: the base run (workload, model, GPU), the SLO, the config grid, the
-    seeds and search settings, the optional target, and the arrival timing (ARRIVALS).
-    ``trace``, derived at construction for a rate plan over a trace, is the trace's own
-    timing (read once: FileNotFoundError for a missing file; None for a trace whose
-    arrivals cannot be time-scaled, which arrival "trace" refuses)."""
-
-    base: RunConfig
-    slo: SLO
-    grid: Grid
-    load_axis: str = "rate"
-    target: float | None = None
-    start: float = 1.0
-    tolerance: float = 0.02
-    max_probes: int = 16
-    router: str = "round-robin"
-    check_requests: int | None = None
-    arrival: str = "poisson"
-    trace: TraceTiming | None = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        if self.load_axis not in ("rate", "concurrency"):
-            raise ValueError(f"load axis must be rate or concurrency, got {self.load_axis!r}")
-        if self.target is not None and not (self.target > 0 and math.isfinite(self.target)):
-            raise ValueError(f"target must be a finite number > 0, got {self.target}")
-        if not 0 < self.tolerance < 1:
-            raise ValueError(f"tolerance must be in (0, 1), got {self.tolerance}")
-        if not self.start > 0:
-            raise ValueError(f"start must be > 0, got {self.start}")
-        if self.max_probes < 2:
-            raise ValueError(f"max_probes must be >= 2, got {self.max_probes}")
-        unknown = set(self.grid.axes) - set(PLAN_AXES)
-        if unknown:
-            raise ValueError(f"a plan's config grid takes {', '.join(PLAN_AXES)}; "
-                             f"got {', '.join(sorted(unknown))}")
-        if self.arrival not in ARRIVALS:
-            raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got "
-                             f"{self.arrival!r}")
-        if self.arrival == "trace" and self.base.trace is None:
-            raise ValueError("--arrival trace time-scales a trace's own arrivals: give --trace")
-        if self.arrival == "trace" and self.load_axis != "rate":
-            raise ValueError("--arrival trace times open-loop arrivals; with --load "
-                             "concurrency each user sends when its previous request ends")
-        if self.base.trace is not None and self.load_axis == "rate":
-            self.trace = trace_timing(self.base)
-        if self.arrival == "trace" and self.trace is None:
-            raise ValueError(f"--arrival trace time-scales the trace's own arrivals, and "
-                             f"{self.base.trace} has fewer than two at different times"
-                             + (" in its --window" if self.base.window else ""))
-
-    def seeds(self, arrival: str) -> tuple[int, ...]:
-        """The seeds probes under ``arrival`` run on: a trace-timed probe draws nothing at
-        random, so the first seed stands for all."""
-        return self.grid.seeds[:1] if arrival == "trace" else self.grid.seeds
-
-    def trace_rate(self, arrival: str) -> float | None:
-        """The trace's mean rate (req/s) that trace-timed probes scale; None when
-        re-timed."""
-        return self.trace.mean_rate_rps if arrival == "trace" and self.trace else None
 
 
 @dataclass
@@ -201,103 +97,70 @@ def run_plan(spec: PlanSpec, runner: Runner, parallelism: int = 1) -> PlanResult
     other = other_timing(spec, best, replicas, checks.get(best.index, []), runner)
     bursts = burstiness_evidence(spec, best, load, runner)
     first = dataclasses.replace(best.config, seed=spec.grid.seeds[0])
-    loops = loop_comparison(first, spec.load_axis, load, spec.base.num_requests or 2000,
-                            runner)
+    # Disaggregated runs take open-loop arrivals only (sim/app/runs/pools.py).
+    loops = (loop_comparison(first, spec.load_axis, load, spec.base.num_requests or 2000,
+                             runner) if best.pools is None else [])
     return PlanResult(spec, configs, best, checks, replicas, load, bursts, loops, other)
-
-
-def candidates(spec: PlanSpec) -> list[ConfigResult]:
-    """The grid's configs, each prepared once (one request) before any search: one that
-    cannot be built or run carries its error and is not searched; one vLLM refuses at
-    start-up (startup_checks.Refused) is skipped, and its note says why. Their files are
-    absolute paths as this process finds them (sweep.driver_inputs), whatever directory
-    a worker runs in."""
-    configs = []
-    base = driver_inputs(spec.base, "local")[0]
-    for i, knobs in enumerate(spec.grid.cells()):
-        try:
-            c = ConfigResult(i, knobs, dataclasses.replace(base, **knobs))
-        except ValueError as e:  # knobs that make no config (static with a budget)
-            configs.append(ConfigResult(i, knobs, base, error=str(e)))
-            continue
-        try:
-            prepare(dataclasses.replace(c.config, num_requests=1))
-        except Refused as e:
-            c.error = f"skipped: vLLM refuses it at start-up: {e}"
-        except (ValueError, FileNotFoundError) as e:
-            c.error = str(e)
-        configs.append(c)
-    return configs
 
 
 def gpus_estimate(spec: PlanSpec, c: ConfigResult) -> float:
     """GPUs for the target from the median rate (inf when it sustains nothing)."""
     med = c.interval(spec.load_axis)[0]
+    gpus = c.gpus_per_replica
     if spec.target is None:
-        return c.tp / med if med > 0 else math.inf  # GPUs per req/s
-    return math.ceil(spec.target / med) * c.tp if med > 0 else math.inf
+        return gpus / med if med > 0 else math.inf  # GPUs per req/s
+    return math.ceil(spec.target / med) * gpus if med > 0 else math.inf
 
 
 def choose(spec: PlanSpec, configs: list[ConfigResult],
            runner: Runner) -> tuple[ConfigResult | None, dict[int, list[ClusterCheck]],
                                     int | None]:
     """The best config: fewest GPUs for the target, confirmed by cluster checks (the next
-    candidate is checked too while its estimate beats the best confirmed count); without
-    a target, the highest median rate per GPU."""
+    candidate is checked too while its estimate beats the best confirmed count; in a
+    grid of aggregated and disaggregated configs, each kind's best estimate is confirmed
+    too, so that the report compares two confirmed fleets); without a target, the
+    highest median rate per GPU."""
     ok = [c for c in configs if not c.error and c.interval(spec.load_axis)[0] > 0]
-    ok.sort(key=lambda c: (gpus_estimate(spec, c), -c.interval(spec.load_axis)[0] / c.tp,
-                           c.index))
+    ok.sort(key=lambda c: (gpus_estimate(spec, c),
+                           -c.interval(spec.load_axis)[0] / c.gpus_per_replica, c.index))
     checks: dict[int, list[ClusterCheck]] = {}
     if not ok or spec.target is None:
         return (ok[0] if ok else None), checks, None
     best: ConfigResult | None = None
     best_gpus = math.inf
+
+    def confirm(c: ConfigResult) -> None:
+        nonlocal best, best_gpus
+        n, checks[c.index] = confirm_replicas(spec, c, runner)
+        if n is not None and n * c.gpus_per_replica < best_gpus:
+            best, best_gpus = c, n * c.gpus_per_replica
+
     for c in ok[:3]:
         if gpus_estimate(spec, c) >= best_gpus:
             break
-        n, cl = confirm_replicas(spec, c, runner)
-        checks[c.index] = cl
-        if n is not None and n * c.tp < best_gpus:
-            best, best_gpus = c, n * c.tp
+        confirm(c)
+    kinds = {c.pools is None for c in ok}
+    for aggregated in sorted(kinds) if len(kinds) > 1 else ():
+        first = next(c for c in ok if (c.pools is None) == aggregated)
+        if first.index not in checks:
+            confirm(first)
     if best is None:
         return ok[0], checks, None
-    return best, checks, int(best_gpus // best.tp)
+    return best, checks, int(best_gpus // best.gpus_per_replica)
 
 
 def confirm_replicas(spec: PlanSpec, c: ConfigResult,
                      runner: Runner) -> tuple[int | None, list[ClusterCheck]]:
-    """Smallest cluster that meets the SLOs at the target on every seed, searched from
-    ceil(target / median) (walk_replicas, not below ceil(target / max); a trace-timed
-    plan's one seed gives no max above the median, so it walks down from there)."""
+    """Smallest cluster of config ``c`` that meets the SLOs at the target on every seed:
+    smallest_cluster from ceil(target / median), below it too. The router smooths each
+    replica's arrivals (round robin hands each of n replicas every n-th, far more regular
+    than Poisson), so a cluster may carry more than n times one replica's Poisson-probed
+    capacity. None (no check) for a cluster too large to simulate."""
     assert spec.target is not None
-    med, _, top = c.interval(spec.load_axis)
-    floor = 1 if spec.arrival == "trace" else max(1, math.ceil(spec.target / top))
-    return walk_replicas(spec, c, max(1, math.ceil(spec.target / med)), floor,
-                         spec.arrival, runner)
-
-
-def walk_replicas(spec: PlanSpec, c: ConfigResult, r: int, floor: int, arrival: str,
-                  runner: Runner) -> tuple[int | None, list[ClusterCheck]]:
-    """Smallest cluster of config ``c`` that meets the SLOs at the target under
-    ``arrival``, from ``r`` replicas: up while it fails (at most MAX_UP), down while it
-    passes (at most MAX_DOWN, not below ``floor``); None when none passed."""
-    if r + MAX_UP > MAX_REPLICAS:  # too large a cluster to simulate: left unconfirmed
+    r = max(1, math.ceil(spec.target / c.interval(spec.load_axis)[0]))
+    if r + MAX_UP > c.max_replicas():  # too large a cluster to simulate: left unconfirmed
         return None, []
-    checks = [cluster_check(spec, c, r, runner, arrival)]
-    if checks[-1].passes:
-        while r > floor and len(checks) <= MAX_DOWN:
-            trial = cluster_check(spec, c, r - 1, runner, arrival)
-            checks.append(trial)
-            if not trial.passes:
-                break
-            r -= 1
-        return r, checks
-    for _ in range(MAX_UP):
-        r += 1
-        checks.append(cluster_check(spec, c, r, runner, arrival))
-        if checks[-1].passes:
-            return r, checks
-    return None, checks
+    return smallest_cluster(spec, c, r, spec.arrival, runner)
 
 
 def cluster_check(spec: PlanSpec, c: ConfigResult, replicas: int, runner: Runner,
@@ -309,8 +172,7 @@ def cluster_check(spec: PlanSpec, c: ConfigResult, replicas: int, runner: Runner
     # Each replica sees about as many requests as a single-replica probe did; a
     # trace-timed check replays the whole trace (with_load).
     n = spec.check_requests or (spec.base.num_requests or 2000) * replicas
-    cfg = dataclasses.replace(c.config, replicas=replicas, router=spec.router,
-                              num_requests=n)
+    cfg = dataclasses.replace(c.scaled(replicas), router=spec.router, num_requests=n)
     load = math.ceil(load) if spec.load_axis == "concurrency" else load
     rate = spec.trace_rate(arrival)
     tasks = [ProbeTask(with_load(cfg, spec.load_axis, load, s, rate), spec.slo,
@@ -363,7 +225,7 @@ def smallest_cluster(spec: PlanSpec, c: ConfigResult, r: int, arrival: str,
     serve worse, so the sizes that pass are those from some n up)."""
     checks = [cluster_check(spec, c, r, runner, arrival)]
     if not checks[0].passes:
-        for n in range(r + 1, min(r + MAX_UP, MAX_REPLICAS) + 1):
+        for n in range(r + 1, min(r + MAX_UP, c.max_replicas()) + 1):
             checks.append(cluster_check(spec, c, n, runner, arrival))
             if checks[-1].passes:
                 return n, checks

@@ -1,6 +1,7 @@
 """A disaggregated run's settings (``servesim run --disagg xPyD``): its pools (the xPyD
-form), their vLLM knobs, the KV link, checked with the RunConfig (``check_disagg``);
-the link (``link_spec``: a --kv-link preset, its figures overridden by --kv-link-gbps /
+form), their vLLM knobs and devices (each pool's GPU, tensor parallelism and memory
+share: ``pool_value``), the KV link, checked with the RunConfig (``check_disagg``); the
+link (``link_spec``: a --kv-link preset, its figures overridden by --kv-link-gbps /
 --kv-link-latency-us) and each pool's scheduler config (the run's, with the pool's batch
 limits). ``cfg`` below is a RunConfig (typed Any: run_config imports this module)."""
 
@@ -11,6 +12,8 @@ import math
 import re
 from typing import Any
 
+from calibration.gpus import get_gpu
+from sim.app.runs.device import CPU_DEVICE
 from sim.config import SchedulerConfig
 from sim.disagg.link_spec import GBIT, KV_LINKS, LinkSpec
 
@@ -22,14 +25,25 @@ MAX_POOL_REPLICAS = 256
 
 _XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 
+#: The two pools, in the order their fields are named.
+POOLS = ("prefill", "decode")
+
 #: The per-pool vLLM knobs: RunConfig fields, each the run's field of that name for one
 #: pool.
 POOL_KNOBS = ("prefill_max_num_seqs", "prefill_max_num_batched_tokens",
               "decode_max_num_seqs", "decode_max_num_batched_tokens")
 
+#: The run's device fields a pool may replace: ``{pool}_{field}`` is that pool's (None:
+#: the run's value; ``pool_value``).
+DEVICE_FIELDS = ("gpu", "tensor_parallel_size", "gpu_memory_utilization")
+
+#: The per-pool device fields: RunConfig fields, each the run's field of that name for one
+#: pool.
+POOL_DEVICES = tuple(f"{pool}_{field}" for pool in POOLS for field in DEVICE_FIELDS)
+
 #: The fields that apply to a disaggregated run only.
 DISAGG_FIELDS = ("kv_link", "kv_link_gbps", "kv_link_latency_us",
-                 "disagg_min_prompt_tokens", *POOL_KNOBS)
+                 "disagg_min_prompt_tokens", *POOL_KNOBS, *POOL_DEVICES)
 
 
 def parse_disagg(text: str) -> tuple[int, int]:
@@ -46,7 +60,8 @@ def parse_disagg(text: str) -> tuple[int, int]:
 def check_disagg(cfg: Any) -> None:
     """The disaggregation fields of ``cfg``, checked once (ValueError naming the field):
     the xPyD form; a preset link name; a bandwidth > 0 and a latency >= 0; integers >= 0
-    (min prompt tokens) and >= 1 (pool knobs); and the run options it cannot take yet."""
+    (min prompt tokens) and >= 1 (pool knobs, pool TP); each pool's device
+    (``_check_devices``); and the run options it cannot take yet."""
     if cfg.disagg is None:
         given = [f for f in DISAGG_FIELDS if getattr(cfg, f) is not None]
         if given:
@@ -62,6 +77,7 @@ def check_disagg(cfg: Any) -> None:
     if us is not None and not (us >= 0 and math.isfinite(us)):
         raise ValueError(f"kv_link_latency_us must be a finite number >= 0 us, got {us}")
     _check_ints(cfg)
+    _check_devices(cfg)
     for field, value, allowed in (("replicas", cfg.replicas, 1),
                                   ("concurrency", cfg.concurrency, None)):
         if value != allowed:
@@ -73,12 +89,61 @@ def check_disagg(cfg: Any) -> None:
 
 
 def _check_ints(cfg: Any) -> None:
-    low = {"disagg_min_prompt_tokens": 0, **dict.fromkeys(POOL_KNOBS, 1)}
+    low = {"disagg_min_prompt_tokens": 0, **dict.fromkeys(POOL_KNOBS, 1),
+           **{f"{pool}_tensor_parallel_size": 1 for pool in POOLS}}
     for field, least in low.items():
         value = getattr(cfg, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < least):
             raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
+
+
+def _check_devices(cfg: Any) -> None:
+    """Each pool's own device (ValueError naming the pool's field): a GPU preset or spec
+    file (calibration/gpus.py get_gpu), a memory share in (0, 1]; with --profile, no GPU
+    of the pool's own and TP 1 (a profile's step costs were measured on its one device),
+    and no memory share on a profile's CPU (vLLM's CPU engine budgets no GPU memory)."""
+    for pool in POOLS:
+        gpu, tp, util = (getattr(cfg, f"{pool}_{f}") for f in DEVICE_FIELDS)
+        if util is not None and (isinstance(util, bool) or not isinstance(util, int | float)
+                                 or not 0 < util <= 1):
+            raise ValueError(f"{pool}_gpu_memory_utilization must be in (0, 1], got {util!r}")
+        if gpu is not None:
+            try:
+                get_gpu(str(gpu))
+            except ValueError as e:
+                raise ValueError(f"{pool}_gpu: {e}") from None
+        if cfg.profile is None:
+            continue
+        if gpu is not None:
+            raise ValueError(f"{pool}_gpu {gpu} conflicts with --profile {cfg.profile}: "
+                             "its step costs were measured on one device; give the pools "
+                             "no GPU of their own, or use the roofline model")
+        if tp not in (None, 1):
+            raise ValueError(f"{pool}_tensor_parallel_size must be 1 with a profile: "
+                             "calibrated profiles are measured on one GPU (use the roofline "
+                             "model)")
+        if util is not None and cfg.gpu == CPU_DEVICE:
+            raise ValueError(f"{pool}_gpu_memory_utilization applies to a GPU; on --profile "
+                             f"{cfg.profile}'s CPU the KV cache is the profile's")
+
+
+def pool_value(cfg: Any, pool: str, field: str) -> Any:
+    """``pool``'s value of the run's ``field`` (one of DEVICE_FIELDS): the pool's own
+    (``{pool}_{field}``) where given, else the run's."""
+    own = getattr(cfg, f"{pool}_{field}")
+    return getattr(cfg, field) if own is None else own
+
+
+def pool_run_config(cfg: Any, pool: str) -> Any:
+    """The RunConfig of ``pool``'s own engine (None when the pool keeps the run's GPU, TP
+    and gpu_memory_utilization): the run's config, aggregated, on the pool's device;
+    what the run left to defaults (batch limits, the roofline's constants) is left to
+    that device's, as a vLLM launch of its own on it would be."""
+    if all(getattr(cfg, f"{pool}_{f}") is None for f in DEVICE_FIELDS):
+        return None
+    device = {f: pool_value(cfg, pool, f) for f in DEVICE_FIELDS}
+    return dataclasses.replace(cfg, disagg=None, **dict.fromkeys(DISAGG_FIELDS), **device)
 
 
 def link_spec(cfg: Any) -> LinkSpec:

@@ -17,7 +17,7 @@ from scenarios.diurnal import check_amplitude
 from sim.app.runs.config_file import VLLM_DTYPES
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.device import default_device
-from sim.app.runs.pools import DISAGG_FIELDS, check_disagg
+from sim.app.runs.pools import DISAGG_FIELDS, check_disagg, parse_disagg, pool_value
 from sim.app.runs.startup_checks import default_block_size, engine_platform
 from sim.config import PREFIX_CACHE_MODES
 from sim.latency_stats import check_slo_seconds
@@ -128,6 +128,12 @@ class RunConfig:
     prefill_max_num_batched_tokens: int | None = None
     decode_max_num_seqs: int | None = None
     decode_max_num_batched_tokens: int | None = None
+    prefill_gpu: str | None = None
+    prefill_tensor_parallel_size: int | None = None
+    prefill_gpu_memory_utilization: float | None = None
+    decode_gpu: str | None = None
+    decode_tensor_parallel_size: int | None = None
+    decode_gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         _check_conflicts(self)
@@ -162,6 +168,17 @@ class RunConfig:
         _check_prefix_cache(self)
         _check_diurnal(self)
         check_disagg(self)
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the run serves on: replicas x TP, or x x TP_p + y x TP_d for a
+        disaggregated run's xPyD pools (each pool's TP: its own where given, else the
+        run's)."""
+        if self.disagg is None:
+            return self.replicas * self.tensor_parallel_size
+        x, y = parse_disagg(self.disagg)
+        return (x * pool_value(self, "prefill", "tensor_parallel_size")
+                + y * pool_value(self, "decode", "tensor_parallel_size"))
 
 
 def dtype_name(dtype: str | None) -> str:

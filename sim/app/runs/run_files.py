@@ -37,7 +37,7 @@ def resolved_config(prep: Prepared) -> dict[str, Any]:
         "max_model_len": prep.scheduler.max_model_len,
         "num_gpu_blocks": prep.num_gpu_blocks,
         "kv_capacity_tokens": prep.num_gpu_blocks * cfg.block_size,
-        "num_gpus": cfg.replicas * cfg.tensor_parallel_size,
+        "num_gpus": cfg.num_gpus,
         "cost_model": prep.cost_model_label,
         "workload": prep.workload.source,
         "num_requests": len(prep.workload),
@@ -45,6 +45,8 @@ def resolved_config(prep: Prepared) -> dict[str, Any]:
         "kv_plan": dataclasses.asdict(prep.kv_plan) if prep.kv_plan else None,
         "model_spec": dataclasses.asdict(prep.model) if prep.model else None,
     }
+    if prep.pools is not None:  # a disaggregated run: each pool's engine
+        out["resolved"]["pools"] = {name: e.record() for name, e in prep.pools.items()}
     return out
 
 

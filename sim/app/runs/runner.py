@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from calibration.gpus import GPUSpec
 from calibration.hf_config import context_limit, deployed, resolve_model
 from calibration.memory import KVCachePlan, plan_for
@@ -36,8 +34,13 @@ from sim.app.runs.defaults import (
     batch_limits,
     default_prefix_cache,
 )
-from sim.app.runs.device import check_cpu_pool, profile_kv_cache_bytes, run_device
-from sim.app.runs.disagg import simulate_disagg_prepared
+from sim.app.runs.device import (
+    check_cpu_pool,
+    profile_kv_cache_bytes,
+    range_warnings,
+    run_device,
+)
+from sim.app.runs.disagg import PoolEngine, pool_engines, simulate_disagg_prepared
 from sim.app.runs.prompt_content import workload_segments
 from sim.app.runs.resources import check_memory
 from sim.app.runs.run_arrivals import arrival_source
@@ -73,6 +76,7 @@ class Prepared:
     cost_model_label: str
     model: ModelSpec | None = None
     warnings: tuple[str, ...] = ()
+    pools: dict[str, PoolEngine] | None = None
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -83,39 +87,36 @@ def prepare(cfg: RunConfig) -> Prepared:
     """
     engine = _engine(cfg)
     check_memory(engine[0])  # before the workload is built: refuse what cannot fit
-    w = _workload(engine[0])
-    return _with_workload(engine, w)
+    pools = _pools(cfg, engine)
+    return _with_workload(engine, _workload(engine[0]), pools)
 
 
 def prepare_on(cfg: RunConfig, w: Workload) -> Prepared:
     """prepare with its workload already built: a compare cell, one engine of its own
     (its policy's batch limits and KV plan, as a vLLM launch of its own has) on the
     workload every cell shares."""
-    return _with_workload(_engine(cfg), w)
+    engine = _engine(cfg)
+    return _with_workload(engine, w, _pools(cfg, engine))
 
 
-def _with_workload(engine: _Engine, w: Workload) -> Prepared:
+def _with_workload(engine: _Engine, w: Workload,
+                   pools: dict[str, PoolEngine] | None = None) -> Prepared:
     cfg, sched, num_blocks, plan, cost, label, model, measured = engine
     if cfg.prefix_cache is None:
         sched = dataclasses.replace(sched, prefix_cache=prefix_cache_mode(cfg, w))
     check_router(cfg, sched.prefix_cache)  # before anything is printed or run
     return Prepared(cfg, sched, w, cost, num_blocks, plan, label, model,
-                    _range_warnings(measured, cfg, sched, w))
+                    range_warnings(measured, cfg, sched, w), pools)
 
 
-def _range_warnings(measured: MeasuredRange | None, cfg: RunConfig,
-                    sched: SchedulerConfig, w: Workload) -> tuple[str, ...]:
-    """The lines for a run whose limits or requests reach past its profile's measured
-    range (none without a profile): a request counts when max_model_len admits its
-    prompt and max_tokens, with its prompt and output tokens."""
-    if measured is None:
-        return ()
-    assert cfg.max_num_seqs is not None, "prepare resolves the batch limits"
-    ok = w.num_prompt_tokens + w.max_tokens <= sched.max_model_len
-    tokens = (w.num_prompt_tokens + np.minimum(w.output_len, w.max_tokens))[ok]
-    longest = int(tokens.max()) if len(tokens) else 0
-    return tuple(measured.warnings(cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   sched.max_model_len, longest))
+def _pools(cfg: RunConfig, e: _Engine) -> dict[str, PoolEngine] | None:
+    """disagg.pool_engines of ``cfg``, ``e`` its run's engine side; a pool's own engine is
+    prepare's engine side on the pool's config, its memory checked."""
+    def engine_of(c: RunConfig) -> tuple[RunConfig, SchedulerConfig, CostModel, int]:
+        own = _engine(c)
+        check_memory(own[0])
+        return own[0], own[1], own[4], own[2]
+    return pool_engines(cfg, (e[0], e[1], e[4], e[2]), engine_of)
 
 
 def prefix_cache_mode(cfg: RunConfig, w: Workload) -> str:
@@ -130,7 +131,9 @@ def check_config(cfg: RunConfig, workload: bool = True) -> RunConfig:
     plan, scheduler, cost model), without simulating anything; then, when ``workload``,
     check_workload. Returns the config as prepare resolves it (a profile's model). For
     sweep and plan, which check every cell before the first run."""
-    cfg = _engine(cfg)[0]
+    engine = _engine(cfg)
+    _pools(cfg, engine)
+    cfg = engine[0]
     if workload:
         check_workload(cfg)
     return cfg

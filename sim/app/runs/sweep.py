@@ -21,9 +21,10 @@ from typing import Any
 import pandas as pd
 
 from scenarios.trace_cache import PROCESS_CACHE
-from sim.app.runs.axes import AXES, LOAD_AXES
+from sim.app.runs.axes import AGGREGATED, AXES, LOAD_AXES
 from sim.app.runs.backends import map_ordered
 from sim.app.runs.config_file import absolute_paths
+from sim.app.runs.pools import DISAGG_FIELDS
 from sim.app.runs.runner import (
     RunConfig,
     check_config,
@@ -98,6 +99,25 @@ class Grid:
                 for combo in itertools.product(*(self.axes[n] for n in names))]
 
 
+def grid_base(opts: dict[str, Any], grid: Grid) -> RunConfig:
+    """The base RunConfig of a sweep's or plan's run options ``opts`` (the axes taken
+    out). With a disagg axis, the base takes the axis's first xPyD value, so that the
+    pool and link options given (DISAGG_FIELDS) are checked once and reach every
+    disaggregated cell; aggregated cells drop them (cell_config). ValueError as
+    RunConfig."""
+    pools = [v for v in grid.axes.get("disagg", ()) if v != AGGREGATED]
+    return RunConfig(**opts, **({"disagg": pools[0]} if pools else {}))
+
+
+def cell_config(base: RunConfig, knobs: dict[str, Any], **fields: Any) -> RunConfig:
+    """``base`` with one cell's axis values and ``fields`` (RunConfig fields, set in the
+    same step); a disagg axis's "none" makes the cell an aggregated run, without the
+    base's pool and link options. ValueError for knobs that make no valid config."""
+    if knobs.get("disagg") == AGGREGATED:
+        knobs = {**knobs, "disagg": None, **dict.fromkeys(DISAGG_FIELDS)}
+    return dataclasses.replace(base, **fields, **knobs)
+
+
 @dataclass(frozen=True)
 class CellTask:
     """One simulation: a cell of the grid under one seed. ``error``: why its config could
@@ -124,8 +144,7 @@ def cell_tasks(base: RunConfig, grid: Grid, think_time: float = 0.0) -> list[Cel
     for i, knobs in enumerate(grid.cells()):
         for s in grid.seeds:
             try:
-                cfg, error = dataclasses.replace(base, seed=s, think_time=think_time,
-                                                 **knobs), ""
+                cfg, error = cell_config(base, knobs, seed=s, think_time=think_time), ""
             except ValueError as e:
                 cfg, error = base, str(e)
             tasks.append(CellTask(i, s, knobs, cfg, error))
@@ -140,7 +159,7 @@ def metrics_row(summary: dict[str, Any], requests: pd.DataFrame, cfg: RunConfig,
         "offered_rate": offered_rate,
         "num_requests": summary["num_requests"], "num_finished": summary["num_finished"],
         "num_rejected": summary["num_rejected"],
-        "num_gpus": cfg.replicas * cfg.tensor_parallel_size,
+        "num_gpus": cfg.num_gpus,
         "throughput_rps": thr["requests_per_s"], "output_tokens_per_s": thr["output_tokens_per_s"],
     }
     for key, name in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_latency_s", "e2e"),
@@ -156,7 +175,8 @@ def metrics_row(summary: dict[str, Any], requests: pd.DataFrame, cfg: RunConfig,
     row["kv_peak_usage"] = summary["kv_cache"]["peak_usage"]
     row["kv_mean_usage"] = summary["kv_cache"]["mean_usage"]
     row["mean_batch_seqs"] = summary["batch"]["mean_num_seqs"]
-    row["prefix_hit_rate"] = summary["prefix_cache"]["hit_rate_tokens"]
+    cache = summary.get("prefix_cache")  # none in a disaggregated run's summary
+    row["prefix_hit_rate"] = cache["hit_rate_tokens"] if cache is not None else None
     row["saturated"] = bool(summary["saturated"])
     return row
 
@@ -244,9 +264,6 @@ def check_cells(base: RunConfig, grid: Grid,
     run is left to run and report its error (sweep.csv's ``error``, the plan's note);
     when no cell can, raise the first one's ValueError, prefixed with its knobs when
     there are several cells."""
-    if base.disagg is not None:
-        raise ValueError("--disagg runs with `servesim run` only: sweeps and plans over "
-                         "xPyD pools are not built yet (docs/disaggregation.md)")
     check_router_cells(base, grid)
     workloads: dict[tuple[Any, ...], str | None] = {}  # a load's workload error, if any
     first, runnable = None, False

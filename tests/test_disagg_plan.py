@@ -1,0 +1,154 @@
+"""Prefill/decode disaggregation in ``servesim plan`` and ``servesim sweep``: the disagg
+axis (none or xPyD), a disaggregated config scaled in whole xPyD units, each kind's best
+confirmed so that the report compares an aggregated and a disaggregated fleet, and the
+GPUs counted as (x + y) x TP a unit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from sim.app.cli.main import app
+from sim.app.reports.plan_page import answer_lines, fleet_text
+from sim.app.runs.axes import disagg_value
+from sim.app.runs.deploy_config import deployment
+from sim.app.runs.load_search import SLO, Probe, ProbeTask, SearchResult
+from sim.app.runs.plan import PlanResult, choose
+from sim.app.runs.plan_spec import ConfigResult, PlanSpec, candidates
+from sim.app.runs.runner import RunConfig
+from sim.app.runs.sweep import Grid, cell_config, grid_base
+from tests.test_plan import fixed_trace
+
+runner = CliRunner()
+
+
+def test_disagg_axis_takes_none_or_xpyd() -> None:
+    assert [disagg_value(t) for t in ("none", "NONE", "1p2d", "3P1D")] == [
+        "none", "none", "1P2D", "3P1D"]
+    for bad in ("auto", "1P", "0P1D", "2X2D"):
+        with pytest.raises(ValueError, match="xPyD"):
+            disagg_value(bad)
+
+
+def test_pool_options_reach_the_disaggregated_cells_only() -> None:
+    grid = Grid.parse({"disagg": "none,1P2D"})
+    base = grid_base({"kv_link": "tcp", "decode_max_num_seqs": 64}, grid)
+    agg, dis = (cell_config(base, k) for k in grid.cells())
+    assert (agg.disagg, agg.kv_link, agg.decode_max_num_seqs) == (None, None, None)
+    assert (dis.disagg, dis.kv_link, dis.decode_max_num_seqs) == ("1P2D", "tcp", 64)
+    # a link without any xPyD cell is the run's own error, naming the field
+    with pytest.raises(ValueError, match="kv_link applies to disaggregated runs only"):
+        grid_base({"kv_link": "tcp"}, Grid.parse({"disagg": "none"}))
+
+
+def test_a_disaggregated_replica_is_one_xpyd_unit() -> None:
+    c = ConfigResult(0, {}, RunConfig(disagg="1P2D", tensor_parallel_size=2))
+    assert c.pools == (1, 2) and c.gpus_per_replica == 6  # (1 + 2) engines x TP 2
+    assert c.scaled(3).disagg == "3P6D" and c.scaled(3).num_gpus == 18
+    assert fleet_text(c, 3) == "3 x 1P2D = 3P6D x TP 2 = 18 GPUs"
+    agg = ConfigResult(1, {}, RunConfig(tensor_parallel_size=2))
+    assert (agg.pools, agg.gpus_per_replica, agg.scaled(3).replicas) == (None, 2, 3)
+    assert fleet_text(agg, 3) == "3 replicas x TP 2 = 6 GPUs"
+
+
+#: The fake world of test_choose_...: one aggregated replica serves 10 req/s; a prefill
+#: engine 40 req/s and a decode engine 20 req/s, so xPyD serves min(40 x, 20 y).
+AGG_RPS, PREFILL_RPS, DECODE_RPS = 10.0, 40.0, 20.0
+
+
+def capacity(cfg: RunConfig) -> float:
+    if cfg.disagg is None:
+        return AGG_RPS * cfg.replicas
+    x, y = (int(n) for n in cfg.disagg.rstrip("D").split("P"))
+    return min(PREFILL_RPS * x, DECODE_RPS * y)
+
+
+def test_choose_confirms_each_kind_and_picks_the_fewest_gpus() -> None:
+    grid = Grid.parse({"disagg": "none,1P1D,1P2D"})
+    spec = PlanSpec(RunConfig(), SLO(1.0, None), grid, target=80.0)
+    configs = candidates(spec)
+    for c in configs:  # each unit's capacity, as its load search would find it
+        cap = capacity(c.config)
+        c.searches.append(SearchResult(c.index, 0, (), cap, cap, None))
+    seen: list[str] = []
+
+    def fake_runner(fn: object, tasks: list[ProbeTask]) -> list[Probe]:
+        out = []
+        for t in tasks:
+            seen.append(t.config.disagg or f"{t.config.replicas} replicas")
+            out.append(Probe(t.config.rate or 0.0, t.config.seed,
+                             feasible=capacity(t.config) >= (t.config.rate or 0.0)))
+        return out
+
+    best, checks, replicas = choose(spec, configs, fake_runner)
+    # By hand at 80 req/s: aggregated 8 replicas = 8 GPUs; 1P1D units serve 20, so 4 units
+    # = 8 GPUs; 1P2D units serve 40, so 2 units = 2P4D = 6 GPUs: the fewest.
+    assert best is configs[2] and replicas == 2
+    # 1P2D confirmed at 2 units (1 fails); aggregated confirmed as its kind's best at 8
+    # replicas (7 fail); 1P1D's estimate (8 GPUs) cannot beat 6, so it is not checked.
+    assert seen == ["2P4D", "1P2D", "8 replicas", "7 replicas"]
+    assert set(checks) == {0, 2}
+    res = PlanResult(spec, configs, best, checks, replicas, 40.0, [], [])
+    lines = answer_lines(res)
+    assert ("**Aggregated or disaggregated: disaggregated saves 2 GPUs**: aggregated 8 "
+            "replicas x TP 1 = 8 GPUs (disagg=none); disaggregated 2 x 1P2D = 2P4D x TP 1 "
+            "= 6 GPUs (disagg=1P2D)") in lines
+    assert any(line.startswith("**Target 80 req/s: 2 x 1P2D = 2P4D x TP 1 = 6 GPUs**")
+               for line in lines)
+
+
+def test_plan_refuses_disagg_with_closed_loop_users() -> None:
+    with pytest.raises(ValueError, match="--disagg takes open-loop arrivals"):
+        PlanSpec(RunConfig(), SLO(1.0, None), Grid.parse({"disagg": "none,1P1D"}),
+                 load_axis="concurrency")
+
+
+def test_cli_sweep_compares_pools_and_counts_their_gpus(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    res = runner.invoke(app, [
+        "sweep", "--trace", str(fixed_trace(tmp_path)), "--num-requests", "60",
+        "--step-time", "0.01", "--rate", "5", "--disagg", "none,1P1D,1p2d",
+        "--kv-link", "tcp", "--workers", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(out / "sweep.csv")
+    assert list(df["disagg"]) == ["none", "1P1D", "1P2D"]
+    assert list(df["num_gpus"]) == [1, 2, 3]
+    assert df["error"].isna().all() and (df["num_finished"] == 60).all()
+
+
+def test_cli_sweep_names_the_field_of_a_bad_pool_value(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["sweep", "--disagg", "none,2X1D", "--out",
+                              str(tmp_path / "s")])
+    assert res.exit_code == 1 and "disagg" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_cli_plan_answers_aggregated_or_disaggregated(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    res = runner.invoke(app, [
+        "plan", "--trace", str(fixed_trace(tmp_path)), "--num-requests", "100",
+        "--step-time", "0.01", "--max-num-seqs", "8", "--seeds", "0",
+        "--slo-ttft", "0.2", "--slo-tpot", "0.02", "--target-rate", "30",
+        "--disagg", "none,1P1D", "--kv-link", "tcp", "--workers", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((out / "plan.json").read_text())
+    assert [c["knobs"]["disagg"] for c in plan["configs"]] == ["none", "1P1D"]
+    md = (out / "capacity.md").read_text()
+    assert "Aggregated or disaggregated" in md
+    # both kinds were confirmed by a cluster check at the target
+    assert set(plan["cluster_checks"]) == {"0", "1"}
+
+
+def test_a_disaggregated_deployment_starts_every_engine_of_both_pools() -> None:
+    c = ConfigResult(0, {}, RunConfig(disagg="1P2D", decode_max_num_seqs=64))
+    d = deployment(c.scaled(2), 2, "round-robin")  # 2 units: 2P4D
+    assert d.replicas == 6 and len(d.commands()) == 6 and d.disagg == "2P4D"
+    assert "vllm_serve.yaml: 2P4D, 6 engines x TP 1 on" in d.yaml()
+    note = d.notes[-1]
+    assert note.startswith("disaggregated serving, 2P4D: the first 2 command(s) are the "
+                           "prefill instances, the other 4 the decode instances")
+    assert "NixlConnector" in note and note.endswith("per pool: decode max_num_seqs 64")
