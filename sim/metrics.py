@@ -296,46 +296,6 @@ def _request_table(rows: list[tuple[Any, ...]], index: np.ndarray) -> dict[str, 
     return {c: cols[c] for c in REQUEST_COLUMNS}
 
 
-#: Columns that must be equal for consecutive steps to share one compressed row.
-RLE_KEY = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
-           "slots_useful", "slots_idle", "slots_empty")
-
-#: The columns naming a step's engine in a cluster's or disaggregated run's step table
-#: (where present): steps of different engines never share a compressed row.
-ENGINE_KEY = ("pool", "replica")
-
-
-def compress_steps(steps: Table, counts: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Run-length compress a step table (columns as in STEP_COLUMNS, and any others,
-    such as a cluster's ``replica``): consecutive steps of one engine (ENGINE_KEY) with the
-    same composition (RLE_KEY) and no preemption share one row with ``num_steps`` = how
-    many, the first step's ``start_time`` (and other columns), the summed ``duration_s``
-    and the largest ``kv_blocks_used``. A step with a preemption always keeps its own
-    row. Returns a column table: the input's columns in their order, then ``num_steps``
-    (int64). An uncompressed table is the same with ``num_steps`` = 1 everywhere.
-    ``counts``: how many steps each input row already stands for (int64; default 1), so
-    a compressed row carried over from an earlier chunk joins the next chunk's first
-    group with the same sums a whole-table compression makes (sim/record_spool.py)."""
-    cols = {c: column(steps, c) for c in steps}
-    n = len(cols["start_time"])
-    if n == 0:
-        return {**cols, "num_steps": np.zeros(0, dtype=np.int64)}
-    pre = cols["num_preempted"] > 0
-    new = np.ones(n, dtype=bool)
-    new[1:] = pre[1:] | pre[:-1]
-    for c in (*RLE_KEY, *(e for e in ENGINE_KEY if e in cols)):
-        k = cols[c]
-        new[1:] |= k[1:] != k[:-1]
-    group = np.cumsum(new) - 1
-    first = np.flatnonzero(new)
-    out = {c: v[first] for c, v in cols.items()}
-    out["duration_s"] = np.bincount(group, weights=cols["duration_s"])
-    out["kv_blocks_used"] = np.maximum.reduceat(cols["kv_blocks_used"], first)
-    out["num_steps"] = (np.bincount(group) if counts is None
-                        else np.bincount(group, weights=counts)).astype(np.int64)
-    return out
-
-
 def summarize(
     requests: Table, steps: Table | StepTotals,
     itl: np.ndarray | ItlSamples | dict[str, float | None], *, max_num_seqs: int,

@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, compress_steps, summarize
+from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, summarize
 from sim.request import RequestStatus
 from sim.spilled_stats import ColumnFile, pairwise_sum, spilled_itl_stats
+from sim.step_compression import compress_steps
 from sim.step_totals import StepTotals
 from sim.table import write_csv_header, write_csv_rows
 

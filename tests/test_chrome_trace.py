@@ -1,18 +1,23 @@
 """chrome_trace.json of a disaggregated run (sim/app/runs/chrome_trace.py): a process per
 engine named by its pool, the TTFT split's phases on each engine and a "KV link"
 process with one event per transfer, every time computed by hand for a 1P1D run with a
-constant step time. (The aggregated layout's tests are in tests/test_outputs.py.)"""
+constant step time; each engine's KV usage over its own pool's blocks when the pools'
+engines differ. (The aggregated layout's tests are in tests/test_outputs.py.)"""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from sim.app.cli.main import app
 from sim.app.runs.chrome_trace import chrome_trace
+from sim.app.runs.extra_outputs import Extras
+from sim.app.runs.run_files import write_run
 from sim.app.runs.runner import Prepared, RunConfig, prepare, simulate_prepared
 from sim.simulate import SimResult
 from tests.test_outputs import check_trace_events
@@ -50,7 +55,9 @@ def us(t_s: float) -> int:
 
 
 def trace_of(prep: Prepared, result: SimResult) -> dict[str, Any]:
-    return chrome_trace(result.request_table, result.step_table, prep.num_gpu_blocks)
+    assert prep.pools is not None
+    return chrome_trace(result.request_table, result.step_table,
+                        {pool: e.num_gpu_blocks for pool, e in prep.pools.items()})
 
 
 def events(x: dict[tuple[int, int], list[dict[str, Any]]], pid: int, tid: int
@@ -134,3 +141,62 @@ def test_cli_writes_the_disaggregated_trace(tmp_path: Path) -> None:
     assert names == ["prefill 0", "prefill 1", "decode 0", "KV link"]
     transfers = [e for (pid, _), ev in x.items() if pid == 4 for e in ev]
     assert len(transfers) == doc["otherData"]["transfer_events"] == 30
+
+
+#: A 1000-token prompt's KV: ceil(1000 / 16) = 63 blocks, on the prefill engine (1000
+#: tokens and the sampled one) and on the decode engine (1000 + 3 - 1 tokens cached).
+PROMPT_BLOCKS = 63
+
+
+def heterogeneous_run(tmp_path: Path) -> Path:
+    """Request 0 of ONE_REMOTE_ONE_LOCAL alone through 1P1D with the prefill pool on TP 2
+    (more KV blocks per engine than the run's, the decode pool's), written with its
+    chrome trace; the run directory."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_time,num_prompt_tokens,output_len\n0,1000,3\n")
+    prep = prepare(RunConfig(trace=str(trace), step_time=STEP, disagg="1P1D",
+                             prefill_tensor_parallel_size=2, max_model_len=2048))
+    write_run(tmp_path / "run", prep, simulate_prepared(prep),
+              extras=Extras(chrome_trace=True))
+    return tmp_path / "run"
+
+
+def pool_peaks(run: Path) -> dict[str, float]:
+    """Each pool's peak KV usage computed by hand: PROMPT_BLOCKS (steps.csv's
+    kv_blocks_used, checked) over the pool's usable blocks, its num_gpu_blocks in
+    summary.json less the null block."""
+    summary = json.loads((run / "summary.json").read_text())
+    rows = list(csv.DictReader((run / "steps.csv").open()))
+    out = {}
+    for pool in ("prefill", "decode"):
+        assert {int(r["kv_blocks_used"]) for r in rows if r["pool"] == pool} == {
+            PROMPT_BLOCKS}
+        blocks = summary["disagg"][pool]["num_gpu_blocks"]
+        out[pool] = PROMPT_BLOCKS / (blocks - 1)
+        assert summary["disagg"][pool]["kv_cache"]["peak_usage"] == pytest.approx(
+            out[pool], rel=1e-12)
+    # the pools differ: the prefill engine's usage over the run's blocks would be wrong
+    assert summary["disagg"]["decode"]["num_gpu_blocks"] == summary["kv_cache"][
+        "num_gpu_blocks"] < summary["disagg"]["prefill"]["num_gpu_blocks"]
+    return out
+
+
+def test_kv_usage_of_each_engine_is_over_its_pools_blocks(tmp_path: Path) -> None:
+    run = heterogeneous_run(tmp_path)
+    peaks = pool_peaks(run)
+    doc = json.loads((run / "chrome_trace.json").read_text())
+    check_trace_events(doc)
+    usage: dict[int, list[float]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "C" and e["name"] == "kv_cache_usage_perc":
+            usage.setdefault(e["pid"], []).append(e["args"]["kv_cache_usage_perc"])
+    # a point a step: pid 1, prefill 0 (one step); pid 2, decode 0 (the admission step
+    # and two decode steps)
+    assert usage == {1: [pytest.approx(peaks["prefill"], rel=1e-12)],
+                     2: [pytest.approx(peaks["decode"], rel=1e-12)] * 3}
+
+
+def test_disaggregated_trace_needs_blocks_per_pool(tmp_path: Path) -> None:
+    prep, result = tiny_disagg(tmp_path, ONE_REMOTE_ONE_LOCAL)
+    with pytest.raises(TypeError, match="per pool"):
+        chrome_trace(result.request_table, result.step_table, prep.num_gpu_blocks)

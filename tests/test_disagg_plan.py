@@ -13,8 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.app.cli.main import app
-from sim.app.reports.plan_page import answer_lines, fleet_text
-from sim.app.runs.axes import disagg_value
+from sim.app.cli.plan_input import plan_grid
+from sim.app.reports.fleet_text import fleet_text
+from sim.app.reports.plan_page import answer_lines
+from sim.app.runs.axes import AUTO_DISAGG, PLAN_AXES, disagg_value
 from sim.app.runs.deploy_config import deployment
 from sim.app.runs.load_search import SLO, Probe, ProbeTask, SearchResult
 from sim.app.runs.plan import PlanResult, choose
@@ -88,10 +90,10 @@ def test_choose_confirms_each_kind_and_picks_the_fewest_gpus() -> None:
     # By hand at 80 req/s: aggregated 8 replicas = 8 GPUs; 1P1D units serve 20, so 4 units
     # = 8 GPUs; 1P2D units serve 40, so 2 units = 2P4D = 6 GPUs: the fewest.
     assert best is configs[2] and replicas == 2
-    # 1P2D confirmed at 2 units (1 fails); aggregated confirmed as its kind's best at 8
-    # replicas (7 fail); 1P1D's estimate (8 GPUs) cannot beat 6, so it is not checked.
-    assert seen == ["2P4D", "1P2D", "8 replicas", "7 replicas"]
-    assert set(checks) == {0, 2}
+    # The three best estimates are each confirmed, best first: 1P2D at 2 units (1 fails),
+    # aggregated at 8 replicas (7 fail), 1P1D at 4 units (3 fail).
+    assert seen == ["2P4D", "1P2D", "8 replicas", "7 replicas", "4P4D", "3P3D"]
+    assert set(checks) == {0, 1, 2}
     res = PlanResult(spec, configs, best, checks, replicas, 40.0, [], [])
     lines = answer_lines(res)
     assert ("**Aggregated or disaggregated: disaggregated saves 2 GPUs**: aggregated 8 "
@@ -107,14 +109,18 @@ def test_plan_refuses_disagg_with_closed_loop_users() -> None:
                  load_axis="concurrency")
 
 
-def test_cli_sweep_compares_pools_and_counts_their_gpus(tmp_path: Path) -> None:
+def sweep_csv(tmp_path: Path, num_requests: int, *args: str) -> pd.DataFrame:
+    """sweep.csv of a sweep of ``args`` over the fixed trace at 5 req/s, 10 ms a step."""
     out = tmp_path / "sweep"
     res = runner.invoke(app, [
-        "sweep", "--trace", str(fixed_trace(tmp_path)), "--num-requests", "60",
-        "--step-time", "0.01", "--rate", "5", "--disagg", "none,1P1D,1p2d",
-        "--kv-link", "tcp", "--workers", "1", "--out", str(out)])
+        "sweep", "--trace", str(fixed_trace(tmp_path)), "--num-requests", str(num_requests),
+        "--step-time", "0.01", "--rate", "5", *args, "--workers", "1", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    df = pd.read_csv(out / "sweep.csv")
+    return pd.read_csv(out / "sweep.csv")
+
+
+def test_cli_sweep_compares_pools_and_counts_their_gpus(tmp_path: Path) -> None:
+    df = sweep_csv(tmp_path, 60, "--disagg", "none,1P1D,1p2d", "--kv-link", "tcp")
     assert list(df["disagg"]) == ["none", "1P1D", "1P2D"]
     assert list(df["num_gpus"]) == [1, 2, 3]
     assert df["error"].isna().all() and (df["num_finished"] == 60).all()
@@ -144,11 +150,67 @@ def test_cli_plan_answers_aggregated_or_disaggregated(tmp_path: Path) -> None:
 
 
 def test_a_disaggregated_deployment_starts_every_engine_of_both_pools() -> None:
-    c = ConfigResult(0, {}, RunConfig(disagg="1P2D", decode_max_num_seqs=64))
-    d = deployment(c.scaled(2), 2, "round-robin")  # 2 units: 2P4D
-    assert d.replicas == 6 and len(d.commands()) == 6 and d.disagg == "2P4D"
-    assert "vllm_serve.yaml: 2P4D, 6 engines x TP 1 on" in d.yaml()
+    c = ConfigResult(0, {}, RunConfig(disagg="1P1D", prefill_tensor_parallel_size=2,
+                                      decode_max_num_seqs=64))
+    assert fleet_text(c, 2) == "2 x 1P1D = 2P2D (prefill TP 2, decode TP 1) = 6 GPUs"
+    d = deployment(c.scaled(2), 2, "round-robin")  # 2 units: 2P2D
+    assert d.replicas == 4 and d.disagg == "2P2D"
+    assert "vllm_serve.yaml: 2P2D, 4 engines, each pool's own TP on" in d.yaml()
+    # By hand, on one 8-GPU node: the prefill engines (TP 2) on GPUs 0-1 and 2-3, then
+    # the decode engines (TP 1) on GPUs 4 and 5, each with its pool's own flags.
+    serve = "vllm serve --config vllm_serve.yaml"
+    assert d.commands() == [
+        f"CUDA_VISIBLE_DEVICES=0,1 {serve} --tensor-parallel-size 2 --port 8000  # node 1",
+        f"CUDA_VISIBLE_DEVICES=2,3 {serve} --tensor-parallel-size 2 --port 8001  # node 1",
+        f"CUDA_VISIBLE_DEVICES=4 {serve} --max-num-seqs 64 --port 8002  # node 1",
+        f"CUDA_VISIBLE_DEVICES=5 {serve} --max-num-seqs 64 --port 8003  # node 1"]
     note = d.notes[-1]
-    assert note.startswith("disaggregated serving, 2P4D: the first 2 command(s) are the "
-                           "prefill instances, the other 4 the decode instances")
-    assert "NixlConnector" in note and note.endswith("per pool: decode max_num_seqs 64")
+    assert note.startswith("disaggregated serving, 2P2D: the first 2 command(s) are the "
+                           "prefill instances, the other 2 the decode instances")
+    assert "NixlConnector" in note and d.serve["enable_prefix_caching"] is False
+
+
+def test_engines_that_do_not_fit_a_node_take_the_next() -> None:
+    # 3P1D at prefill TP 4: 4 + 4 GPUs fill node 1, the third prefill engine and the
+    # decode engine (TP 1) go to node 2.
+    c = ConfigResult(0, {}, RunConfig(model="llama-3.1-8b", disagg="3P1D",
+                                      prefill_tensor_parallel_size=4))
+    lines = deployment(c.scaled(1), 1, "round-robin").commands()
+    assert [(line.split()[0], line.split("# ")[1]) for line in lines] == [
+        ("CUDA_VISIBLE_DEVICES=0,1,2,3", "node 1"), ("CUDA_VISIBLE_DEVICES=4,5,6,7", "node 1"),
+        ("CUDA_VISIBLE_DEVICES=0,1,2,3", "node 2"), ("CUDA_VISIBLE_DEVICES=4", "node 2")]
+
+
+def test_a_plan_compares_each_pools_tensor_parallelism() -> None:
+    grid = Grid.parse({"disagg": "none,1P1D", "decode_tensor_parallel_size": "1,2"})
+    spec = PlanSpec(grid_base({"model": "llama-3.1-8b"}, grid), SLO(1.0, None), grid,
+                    target=10.0)
+    configs = candidates(spec)
+    # the aggregated cell of TP 2 is the aggregated cell of TP 1 (pool options apply to
+    # xPyD cells only): skipped, not searched twice
+    assert [c.error.startswith("skipped: the same engine config") for c in configs] == [
+        False, True, False, False]
+    # 1P1D units: 1 prefill GPU + 1 or 2 decode GPUs
+    assert [c.gpus_per_replica for c in configs] == [1, 1, 2, 3]
+    assert configs[3].scaled(2).num_gpus == 6  # 2P2D: 2 x 1 + 2 x 2
+
+
+def test_auto_stands_for_its_ratios_inside_a_list_too() -> None:
+    opts = {**dict.fromkeys(PLAN_AXES), "disagg": "auto,4P1D,1P1D", "seeds": "0"}
+    assert plan_grid(opts).axes["disagg"] == (*AUTO_DISAGG, "4P1D")
+
+
+def test_a_pool_on_another_gpu_is_refused_by_a_price_ranking(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["plan", "--gpu", "h100-sxm,a100-80gb", "--disagg", "1P1D",
+                              "--prefill-gpu", "h200-sxm", "--target-rate", "5",
+                              "--slo-ttft", "2", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 1 and "--prefill-gpu" in res.output, res.output
+    assert res.output.count("\n") == 1 and not (tmp_path / "p").exists()
+
+
+def test_a_cache_that_a_pool_cannot_take_fails_that_cell_only(tmp_path: Path) -> None:
+    df = sweep_csv(tmp_path, 40, "--disagg", "none,1P1D", "--prefix-cache", "none,block")
+    failed = df[df["error"].notna()]
+    assert list(zip(failed["disagg"], failed["prefix_cache"], strict=True)) == [
+        ("1P1D", "block")]
+    assert "conflicts with disagg" in failed["error"].iloc[0]

@@ -19,9 +19,10 @@ from policies.routers import LeastOutstandingRouter
 from sim.cluster import simulate_cluster
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel
-from sim.metrics import REQUEST_COLUMNS, Recorder, StepRow, compress_steps
+from sim.metrics import REQUEST_COLUMNS, Recorder, StepRow
 from sim.request import Request, RequestStatus
 from sim.source import RequestListArrivals
+from sim.step_compression import compress_steps
 from sim.table import to_frame, write_csv
 from tests.conftest import make_requests, run_sim
 
@@ -95,8 +96,8 @@ def test_compress_steps_by_hand() -> None:
 
 def test_compress_steps_never_merges_two_engines_steps() -> None:
     # A cluster's steps interleave in time: replica 0, 1, 0, 1, then 1, 1. All six have one
-    # composition, so only the engine columns split them: rows 0 | 1 | 0 | 1 1 1 for
-    # replica alone; with a pool column, (decode, 1) and (prefill, 1) differ too.
+    # composition, so only the engine columns split them; with a pool column, (decode, 1)
+    # and (prefill, 1) differ too.
     steps = {"start_time": np.arange(6, dtype=np.float64),
              "duration_s": np.ones(6), "kv_blocks_used": np.ones(6, dtype=np.int64),
              "num_preempted": np.zeros(6, dtype=np.int64),
@@ -105,11 +106,16 @@ def test_compress_steps_never_merges_two_engines_steps() -> None:
               "slots_useful", "slots_idle", "slots_empty"):
         steps[c] = np.ones(6, dtype=np.int64)
     out = compress_steps(steps)
-    assert out["replica"].tolist() == [0, 1, 0, 1] and out["num_steps"].tolist() == [1, 1, 1, 3]
+    # each engine's steps on their own: replica 0's two (t 0, 2), replica 1's four
+    assert out["replica"].tolist() == [0, 1] and out["num_steps"].tolist() == [2, 4]
+    assert out["start_time"].tolist() == [0.0, 1.0]
+    assert out["duration_s"].tolist() == [2.0, 4.0]
     steps["pool"] = np.array(["decode"] * 5 + ["prefill"], dtype=object)
     out = compress_steps(steps)
-    assert out["num_steps"].tolist() == [1, 1, 1, 2, 1]
-    assert out["pool"].tolist() == ["decode"] * 4 + ["prefill"]
+    # (decode, 0) at 0 and 2; (decode, 1) at 1, 3, 4; (prefill, 1) at 5
+    assert out["num_steps"].tolist() == [2, 3, 1]
+    assert out["pool"].tolist() == ["decode", "decode", "prefill"]
+    assert out["start_time"].tolist() == [0.0, 1.0, 5.0]
 
 
 TRICKY = {

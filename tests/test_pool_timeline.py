@@ -1,7 +1,8 @@
 """The pool timeline of a disaggregated run (sim/app/reports/pool_timeline.py): its rows,
 bars and request paths for a tiny 1P1D run whose times are computed by hand, the bounds
 (first requests, bars a row, engines), the figure's traces, and its place in the run
-report (aggregated runs' reports keep their three figures)."""
+report (aggregated runs' reports keep their three figures; the step timeline draws each
+engine's KV usage over its own pool's blocks)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from sim.app.reports import pool_timeline as pt
-from sim.app.reports.report import report_figures, report_parts, write_report
+from sim.app.reports.report import report_figures, report_parts, timeline_figure, write_report
 from sim.app.reports.run_dir import RunData, load_runs
 from sim.app.runs.run_files import write_run
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
@@ -22,6 +23,8 @@ from tests.test_chrome_trace import (
     LATENCY,
     ONE_REMOTE_ONE_LOCAL,
     STEP,
+    heterogeneous_run,
+    pool_peaks,
     tiny_disagg,
 )
 
@@ -140,6 +143,18 @@ def test_report_adds_the_figure_to_disaggregated_runs_only(tmp_path: Path) -> No
     parts = report_parts([agg, disagg])
     assert [p for p in parts if isinstance(p, str) and "Prefill and decode" in p] == [
         f"<h2>Prefill and decode pools: {disagg.name}</h2>"]
+
+
+def test_report_draws_each_engines_kv_usage_over_its_pools_blocks(tmp_path: Path) -> None:
+    run = heterogeneous_run(tmp_path)
+    peaks = pool_peaks(run)
+    fig = timeline_figure(load_runs([run]))
+    # the KV cache usage row is the timeline's third: its traces are on y axis 3
+    kv = {t.name.rsplit(" ", 2)[-2]: list(t.y) for t in fig.data if t.yaxis == "y3"}
+    # a point a steps.csv row: prefill 0 (one step); decode 0 (the admission step, then
+    # the two decode steps' row)
+    assert kv == {"prefill": [pytest.approx(peaks["prefill"], rel=1e-12)],
+                  "decode": [pytest.approx(peaks["decode"], rel=1e-12)] * 2}
 
 
 @pytest.mark.slow

@@ -18,8 +18,9 @@ from sim.app.cli.main import app
 from sim.app.runs.run_files import run_streamed, streams_records, write_run
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 from sim.latency_stats import ItlSamples, weighted_stats
-from sim.metrics import Recorder, compress_steps
+from sim.metrics import Recorder
 from sim.record_spool import SPILL_DIR
+from sim.step_compression import compress_steps
 from tests.test_metrics_columns import recorder_with_every_kind_of_request
 
 FILES = ("requests.csv", "steps.csv", "summary.json", "config.json")

@@ -1,6 +1,8 @@
-"""A disaggregated run's records: each request's hand-over times (``HandoverTimes``), and
-the merge of both pools' records into one SimResult (``merge``) with the TTFT split
-columns and summary.json's ``disagg`` block.
+"""A disaggregated run's records: each request's hand-over times (``HandoverTimes``), the
+merge of both pools' records into one SimResult (``merge``) with the TTFT split
+columns and summary.json's ``disagg`` block, and each request's path read back from
+them (``request_phases``: the phases and their boundaries that the chrome trace and the
+report's pool timeline draw).
 
 TTFT split (seconds, per request prefilled remotely; NaN for one kept local or rejected):
 prefill_queued_time_s (arrival -> first prefill step), prefill_time_s (-> the prefill
@@ -28,10 +30,19 @@ from sim.metrics import summarize
 from sim.request import Request, RequestStatus
 from sim.simulate import SimResult
 from sim.step_totals import StepTotals
+from sim.table import Table, column
 
 #: The TTFT split columns requests.csv gains in a disaggregated run, in order.
 SPLIT_COLUMNS = ("prefill_queued_time_s", "prefill_time_s", "kv_wait_time_s",
                  "kv_transfer_time_s", "decode_admission_time_s")
+#: A remotely prefilled request's phases on its prefill engine (which holds its blocks
+#: until the KV lands): the first four parts of the TTFT split, the KV transfer last.
+PREFILL_ENGINE_PHASES = ("prefill queued", "prefill", "kv wait", "kv transfer")
+#: Then on its decode engine: the split's last part, then first token to finish.
+DECODE_ENGINE_PHASES = ("decode admission", "decode")
+#: The phases of a prompt kept local (as an aggregated run's request): arrival to first
+#: scheduled, to first token, to finish, all on its decode engine.
+LOCAL_PHASES = ("queued", "prefill", "decode")
 
 
 @dataclass(slots=True)
@@ -199,6 +210,37 @@ def _link_block(link: KVLink, duration_s: float) -> dict[str, Any]:
         "latency_s": spec.latency_s, "bytes_moved": link.bytes_moved,
         "num_transfers": link.num_transfers,
         "utilization": sum(every) / len(every), "port_utilization": ports}
+
+
+def has_replica(replica: np.ndarray) -> np.ndarray:
+    """Whether each request reached an engine of the pool (bool) of ``replica``, its
+    prefill_replica or decode_replica column: set, not None (in memory) nor NaN (read
+    back from requests.csv)."""
+    return np.array([v is not None and v == v for v in replica.tolist()], dtype=bool)
+
+
+def request_phases(requests: Table) -> list[tuple[tuple[str, ...], list[float]]]:
+    """Each request's path as (its phases, their boundaries in s from the run's start:
+    one more than the phases, NaN where the request did not finish). Prefilled
+    remotely: PREFILL_ENGINE_PHASES then DECODE_ENGINE_PHASES, from arrival_time
+    through arrival_time plus each cumulative TTFT split column (SPLIT_COLUMNS, in
+    order) to finish_time. Kept local: LOCAL_PHASES over arrival_time,
+    first_scheduled_time, first_token_time and finish_time. ``requests``: requests.csv's
+    columns, in memory or read back."""
+    def col(name: str) -> np.ndarray:
+        return np.asarray(column(requests, name), dtype=np.float64)
+
+    remote = has_replica(column(requests, "prefill_replica"))
+    a = col("arrival_time")
+    split = np.column_stack([np.where(remote, col(c), 0.0) for c in SPLIT_COLUMNS])
+    remote_stamps = np.column_stack([a, a[:, None] + np.cumsum(split, axis=1),
+                                     col("finish_time")]).tolist()
+    local_stamps = np.column_stack([col(c) for c in (
+        "arrival_time", "first_scheduled_time", "first_token_time",
+        "finish_time")]).tolist()
+    phases = PREFILL_ENGINE_PHASES + DECODE_ENGINE_PHASES
+    return [(phases, r) if k else (LOCAL_PHASES, loc)
+            for k, r, loc in zip(remote.tolist(), remote_stamps, local_stamps, strict=True)]
 
 
 def _mean(values: np.ndarray) -> float | None:

@@ -213,6 +213,11 @@ def plan(
     if len(gpus) > 1 or price_file is not None or price:
         if by_window is not None:
             fail("--by-window plans one GPU type: give one --gpu and no price")
+        own = [f for f in ("prefill_gpu", "decode_gpu") if opts.get(f) is not None]
+        if own:
+            fail(f"--{own[0].replace('_', '-')} gives a pool another GPU, which a price "
+                 "ranking of GPU types would price as the ranked type: give one --gpu and "
+                 "no price")
         plan_gpu_types(opts, search, gpus, (price_file, price or []),
                        (workers, backend, address), out)
         return

@@ -198,13 +198,13 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
     Opt("prefill_gpu", str | None, None, "--disagg: the prefill engines' GPU, a preset or "
         "spec file (default: --gpu; not with --profile)."),
     Opt("prefill_tensor_parallel_size", int | None, None, "--disagg: tensor parallel size "
-        "of each prefill engine (default: --tensor-parallel-size)."),
+        "of each prefill engine (default: --tensor-parallel-size).", "1,2,4"),
     Opt("prefill_gpu_memory_utilization", float | None, None, "--disagg: "
         "gpu_memory_utilization of the prefill engines (default: --gpu-memory-utilization)."),
     Opt("decode_gpu", str | None, None, "--disagg: the decode engines' GPU, a preset or "
         "spec file (default: --gpu; not with --profile)."),
     Opt("decode_tensor_parallel_size", int | None, None, "--disagg: tensor parallel size "
-        "of each decode engine (default: --tensor-parallel-size)."),
+        "of each decode engine (default: --tensor-parallel-size).", "1,2,4"),
     Opt("decode_gpu_memory_utilization", float | None, None, "--disagg: "
         "gpu_memory_utilization of the decode engines (default: --gpu-memory-utilization)."),
 )}

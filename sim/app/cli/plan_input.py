@@ -52,8 +52,10 @@ def plan_grid(opts: dict[str, Any]) -> Any:
     from sim.app.runs.sweep import Grid
 
     axes = {n: opts.pop(n) for n in PLAN_AXES}
-    if axes["disagg"] is not None and axes["disagg"].strip().lower() == "auto":
-        axes["disagg"] = ",".join(AUTO_DISAGG)
+    if axes["disagg"] is not None:  # auto, alone or in a list, stands for AUTO_DISAGG
+        given = [v.strip() for v in axes["disagg"].split(",")]
+        values = [a for v in given for a in (AUTO_DISAGG if v.lower() == "auto" else (v,))]
+        axes["disagg"] = ",".join(dict.fromkeys(values))
     return Grid.parse(axes, opts.pop("seeds"))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sim.app.runs.plan import PlanResult
 from sim.app.runs.plan_spec import ConfigResult
+from sim.app.runs.pools import POOLS, pool_value
 
 
 def knobs_text(c: ConfigResult) -> str:
@@ -20,15 +21,31 @@ def replica_noun(c: ConfigResult) -> str:
     return "replica" if c.pools is None else f"{c.config.disagg} unit"
 
 
+def devices_text(c: ConfigResult) -> str:
+    """A replica's TP: "TP 2", or for pools of their own TP or GPU "prefill TP 2,
+    decode TP 1 on h200-sxm"."""
+    if c.pools is None:
+        return f"TP {c.tp}"
+    pools = [(pool_value(c.config, p, "tensor_parallel_size"), getattr(c.config, f"{p}_gpu"))
+             for p in POOLS]
+    if len(set(pools)) == 1 and pools[0][1] is None:
+        return f"TP {pools[0][0]}"
+    return ", ".join(f"{p} TP {tp}" + (f" on {gpu}" if gpu else "")
+                     for p, (tp, gpu) in zip(POOLS, pools, strict=True))
+
+
 def fleet_text(c: ConfigResult, r: int) -> str:
     """``r`` replicas of ``c`` and their GPUs: "3 replicas x TP 1 = 3 GPUs", or
-    "2 x 1P2D = 2P4D x TP 1 = 6 GPUs"."""
+    "2 x 1P2D = 2P4D x TP 1 = 6 GPUs", or with pools of their own TP "2 x 1P1D = 2P2D
+    (prefill TP 2, decode TP 1) = 6 GPUs"."""
     gpus = r * c.gpus_per_replica
     n = f"{gpus} GPU{'s' if gpus > 1 else ''}"
     if c.pools is None:
         return f"{r} replica{'s' if r > 1 else ''} x TP {c.tp} = {n}"
     x, y = c.pools
-    return f"{r} x {c.config.disagg} = {r * x}P{r * y}D x TP {c.tp} = {n}"
+    devices = devices_text(c)
+    each = f" x {devices}" if devices.startswith("TP") else f" ({devices})"
+    return f"{r} x {c.config.disagg} = {r * x}P{r * y}D{each} = {n}"
 
 
 def replicas_text(n: int, best: ConfigResult | None = None) -> str:
@@ -68,5 +85,8 @@ def kinds_lines(res: PlanResult) -> list[str]:
     verdict = ("the same GPUs" if ga == gd else
                f"disaggregated saves {ga - gd} GPU{'s' if ga - gd > 1 else ''}" if gd < ga
                else f"aggregated saves {gd - ga} GPU{'s' if gd - ga > 1 else ''}")
+    cache = (f"; the aggregated fleet with vLLM's {ca.prefix_cache} prefix cache, which "
+             "disaggregated runs do not model yet" if ca.prefix_cache != "none" else "")
     return [f"**Aggregated or disaggregated: {verdict}**: aggregated {fleet_text(ca, ra)} "
-            f"({knobs_text(ca)}); disaggregated {fleet_text(cd, rd)} ({knobs_text(cd)})"]
+            f"({knobs_text(ca)}); disaggregated {fleet_text(cd, rd)} ({knobs_text(cd)})"
+            + cache]

@@ -72,8 +72,11 @@ def answer_lines(r: GpuRanking) -> list[str]:
     cost = (f" = **{_usd(c.usd_per_hour)}/hour** at {c.price.describe()}"
             if c.price else " (no price known)")
     per_m = c.usd_per_million_output_tokens
-    lines.append(f"**Cheapest at {target:,.4g} {unit}: {c.gpu}**, {c.replicas} replica(s) x "
-                 f"TP {c.tp} = {c.gpus} GPU(s){cost}"
+    fleet = (fleet_text.fleet_text(c.result.best, c.replicas)
+             if c.result.best is not None and c.replicas is not None
+             and c.result.best.pools is not None
+             else f"{c.replicas} replica(s) x TP {c.tp} = {c.gpus} GPU(s)")
+    lines.append(f"**Cheapest at {target:,.4g} {unit}: {c.gpu}**, {fleet}{cost}"
                  + (f", {_usd(per_m, 3)} per million output tokens "
                     f"({c.output_tokens_per_request:,.1f} output tokens per request)"
                     if per_m is not None else ""))

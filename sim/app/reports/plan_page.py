@@ -20,7 +20,13 @@ import pandas as pd
 
 from sim.app.reports import by_window_page, trace_timing
 from sim.app.reports.deploy_section import deploy_html, deploy_markdown
-from sim.app.reports.fleet_text import fleet_text, kinds_lines, knobs_text, replica_noun
+from sim.app.reports.fleet_text import (
+    devices_text,
+    fleet_text,
+    kinds_lines,
+    knobs_text,
+    replica_noun,
+)
 from sim.app.reports.markdown import md_inline, md_table
 from sim.app.runs import deploy_config
 from sim.app.runs.by_window import LoadOverDay
@@ -84,7 +90,7 @@ def _answer(res: PlanResult) -> list[str]:
         tm = best.throughput_interval()[0]
         per += f", i.e. {tm:,.3g} req/s"
     g = best.gpus_per_replica
-    lines += [per, f"**Config**: {knobs_text(best)}; TP {best.tp} "
+    lines += [per, f"**Config**: {knobs_text(best)}; {devices_text(best)} "
               f"({g} GPU{'s' if g > 1 else ''} per {replica_noun(best)})"]
     if spec.target is None:
         lines.append(f"**Per GPU**: {med / g:,.3g} {unit}; no --target given, so no "

@@ -22,7 +22,6 @@ unless the run was written with --full-steps.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ import pandas as pd
 
 from sim.app.reports.diagram import label_for
 from sim.app.reports.run_dir import RunData
+from sim.disagg.records import PREFILL_ENGINE_PHASES, has_replica, request_phases
 
 #: Requests whose paths are drawn (the first finished ones by arrival).
 MAX_REQUESTS = 20
@@ -38,13 +38,10 @@ MAX_REQUESTS = 20
 MAX_BARS_PER_ROW = 1500
 #: Engines drawn when a run has more: only those the drawn requests reach.
 MAX_ROWS = 16
-#: The TTFT split columns of requests.csv, in order (sim/disagg/records.py SPLIT_COLUMNS).
-SPLIT_COLUMNS = ("prefill_queued_time_s", "prefill_time_s", "kv_wait_time_s",
-                 "kv_transfer_time_s", "decode_admission_time_s")
 #: Phases drawn as computing (thick lines); the others are waiting (dotted), but for the
-#: transfer, a line from the prefill engine's row to the decode engine's.
+#: transfer (the last on the prefill engine), a line from its row to the decode engine's.
 WORK_PHASES = ("prefill", "decode")
-TRANSFER = "kv transfer"
+TRANSFER = PREFILL_ENGINE_PHASES[-1]
 #: Bar colours by step composition (the chrome trace's step names): the bars of a
 #: composition take its two shades in turn, so back-to-back steps stay apart without
 #: outlines (which would grey out a row of steps a pixel wide).
@@ -117,9 +114,10 @@ def pool_timeline(run: RunData, max_requests: int = MAX_REQUESTS) -> PoolTimelin
     done = req[req["status"] == "finished"].sort_values("arrival_time", kind="stable")
     drawn = done.head(max_requests)
     notes = []
+    on = _engines_of(drawn)
     if len(engines) > MAX_ROWS:
-        reached = {("decode", int(v)) for v in drawn["decode_replica"]}
-        reached |= {("prefill", int(v)) for v in drawn["prefill_replica"] if v == v}
+        reached = {("decode", dec) for _, dec in on}
+        reached |= {("prefill", pre) for pre, _ in on if pre is not None}
         notes.append(f"only the {len(reached)} of {len(engines)} engines these requests "
                      "reach")
         engines = [e for e in engines if e in reached]
@@ -130,8 +128,12 @@ def pool_timeline(run: RunData, max_requests: int = MAX_REQUESTS) -> PoolTimelin
     if end < window[1]:
         notes.append(f"cut at {end:.3f} s (at most {MAX_BARS_PER_ROW:,} steps a row)")
         window = (window[0], end)
-    paths = tuple(_path(label_for(k), row, row_of, window[1])
-                  for k, (_, row) in enumerate(drawn.iterrows()))
+    paths = tuple(
+        _path(label_for(k), str(rid), phases, stamps,
+              (None if pre is None else row_of[("prefill", pre)], row_of[("decode", dec)]),
+              window[1])
+        for k, (rid, (phases, stamps), (pre, dec)) in enumerate(zip(
+            drawn["request_id"], request_phases(_columns(drawn)), on, strict=True)))
     return PoolTimeline(
         rows=tuple(f"{pool} {r}" for pool, r in engines),
         bars=tuple(_bars(s, window) for s in steps), paths=paths, window=window,
@@ -184,27 +186,37 @@ def _bars(steps: pd.DataFrame, window: tuple[float, float]) -> StepBars:
                     kind, num_steps, s["num_seqs"].to_numpy(np.int64), pre, dec)
 
 
-def _path(label: str, row: pd.Series, row_of: dict[tuple[str, int], int],
-          end: float) -> RequestPath:
-    """One request's phases (the module docstring's path), those that start after
-    ``end`` left out and the one across it cut there."""
-    d = row_of[("decode", int(row["decode_replica"]))]
-    a, finish = float(row["arrival_time"]), float(row["finish_time"])
-    pre = row["prefill_replica"]
-    if pre is None or (isinstance(pre, float) and math.isnan(pre)):  # kept local
-        stamps = [a, float(row["first_scheduled_time"]), float(row["first_token_time"]),
-                  finish]
-        parts = [("queued", d, d), ("prefill", d, d), ("decode", d, d)]
-    else:
-        p = row_of[("prefill", int(pre))]
-        stamps = [a, *(a + np.cumsum([float(row[c]) for c in SPLIT_COLUMNS])).tolist(),
-                  finish]
-        parts = [("prefill queued", p, p), ("prefill", p, p), ("kv wait", p, p),
-                 (TRANSFER, p, d), ("decode admission", d, d), ("decode", d, d)]
+def _columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A DataFrame as a column table (sim/table.py)."""
+    return {str(c): frame[c].to_numpy() for c in frame.columns}
+
+
+def _engines_of(drawn: pd.DataFrame) -> list[tuple[int | None, int]]:
+    """Each drawn request's prefill engine (None: kept local) and decode engine."""
+    remote = has_replica(drawn["prefill_replica"].to_numpy()).tolist()
+    return [(int(p) if k else None, int(d))
+            for k, p, d in zip(remote, drawn["prefill_replica"].tolist(),
+                               drawn["decode_replica"].tolist(), strict=True)]
+
+
+def _path(label: str, request_id: str, names: tuple[str, ...], stamps: list[float],
+          rows: tuple[int | None, int], end: float) -> RequestPath:
+    """One request's phases (``names`` between consecutive ``stamps``, s: records.
+    request_phases), on its prefill engine's row (``rows[0]``; None: kept local) up to
+    the transfer, which crosses to its decode engine's row (``rows[1]``), and on that
+    row after it; those that start after ``end`` left out, the one across it cut
+    there."""
+    p, d = rows
+    if p is None:  # kept local: every phase on the decode engine
+        on = [(d, d)] * len(names)
+    else:  # the prefill engine's phases, the last (the transfer) across to the decode's
+        k = len(PREFILL_ENGINE_PHASES)
+        on = [(p, p)] * (k - 1) + [(p, d)] + [(d, d)] * (len(names) - k)
     phases = tuple(Phase(name, t0, min(t1, end), r0, r1)
-                   for (name, r0, r1), t0, t1 in zip(parts, stamps, stamps[1:], strict=False)
+                   for name, (r0, r1), t0, t1 in zip(names, on, stamps, stamps[1:],
+                                                     strict=False)
                    if t0 <= end)
-    return RequestPath(label, str(row["request_id"]), phases)
+    return RequestPath(label, request_id, phases)
 
 
 # -- the figure ---------------------------------------------------------------------------

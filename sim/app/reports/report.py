@@ -210,9 +210,8 @@ def timeline_figure(runs: list[RunData]) -> Any:
     peaks = [0.0] * len(TIMELINE_ROWS)
     for i, run in enumerate(runs):
         colour = COLOURS[i % len(COLOURS)]
-        usable = int(run.summary["kv_cache"]["num_gpu_blocks"]) - 1
-        for name, steps in _per_replica(run):
-            tl = timeline(steps, usable)
+        for name, steps, num_gpu_blocks in _per_replica(run):
+            tl = timeline(steps, num_gpu_blocks - 1)
             bucketed |= len(tl) < len(steps)
             first = True
             for r, (_, cols) in enumerate(TIMELINE_ROWS):
@@ -246,17 +245,24 @@ def _timeline_axes(fig: Any, peaks: list[float]) -> None:
     fig.update_xaxes(title_text="simulated time (s)", row=len(TIMELINE_ROWS), col=1)
 
 
-def _per_replica(run: RunData) -> list[tuple[str, pd.DataFrame]]:
+def _per_replica(run: RunData) -> list[tuple[str, pd.DataFrame, int]]:
     """A run's steps, split by replica for a cluster run (its steps.csv has a
     ``replica`` column), by pool and replica for a disaggregated one (and a ``pool``
-    column): each engine's batch and KV cache is its own."""
+    column): each engine's batch and KV cache is its own. With each engine's
+    num_gpu_blocks: summary.json's kv_cache.num_gpu_blocks, or for a pool's engine
+    disagg.<pool>.kv_cache.num_gpu_blocks (the pools may run on different GPUs or TP;
+    the blocks that pool's peak_usage is over)."""
     steps = run.steps
+    blocks = int(run.summary["kv_cache"]["num_gpu_blocks"])
     if "pool" in steps:
-        return [(f"{run.name} {pool} {k}", g) for pool in ("prefill", "decode")
+        pools = run.summary["disagg"]
+        return [(f"{run.name} {pool} {k}", g, int(pools[pool]["kv_cache"]["num_gpu_blocks"]))
+                for pool in ("prefill", "decode")
                 for k, g in steps[steps["pool"] == pool].groupby("replica", sort=True)]
     if "replica" not in steps or steps["replica"].nunique() <= 1:
-        return [(run.name, steps)]
-    return [(f"{run.name} replica {k}", g) for k, g in steps.groupby("replica", sort=True)]
+        return [(run.name, steps, blocks)]
+    return [(f"{run.name} replica {k}", g, blocks)
+            for k, g in steps.groupby("replica", sort=True)]
 
 
 def throughput_figure(runs: list[RunData]) -> Any:

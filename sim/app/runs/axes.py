@@ -52,6 +52,8 @@ AXES: dict[str, Callable[[str], Any]] = {
     "tensor_parallel_size": int,
     "replicas": int,
     "disagg": disagg_value,
+    "prefill_tensor_parallel_size": int,
+    "decode_tensor_parallel_size": int,
     "prefix_cache": prefix_cache_mode,
     "burstiness": float,
     "rate": float,
@@ -64,4 +66,4 @@ LOAD_AXES = ("rate", "concurrency")
 #: Engine knobs a plan may compare (the config grid), a subset of AXES in its order.
 PLAN_AXES = ("policy", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
              "long_prefill_token_threshold", "tensor_parallel_size", "disagg",
-             "prefix_cache")
+             "prefill_tensor_parallel_size", "decode_tensor_parallel_size", "prefix_cache")

@@ -21,8 +21,10 @@ Owns the layout. Each replica is a process ("replica 0", ...). In it:
 A disaggregated run (``servesim run --disagg xPyD``: its step table has a ``pool``
 column, its request table the TTFT split of sim/disagg/records.py) is drawn engine by
 engine: each engine is a process named by its pool ("prefill 0", ..., "decode 0", ...,
-prefill engines first) with its steps thread and counters as above; a request prefilled
-remotely has two spans, on its prefill engine from arrival to the KV's landing (while
+prefill engines first) with its steps thread and counters as above (kv_cache_usage_perc
+over its own pool's blocks: the pools may run on different GPUs or TP); a request's
+phases are sim/disagg/records.py request_phases'. A request prefilled remotely has
+two spans, on its prefill engine from arrival to the KV's landing (while
 that engine holds its blocks) holding ``prefill queued``, ``prefill``, ``kv wait`` and
 ``kv transfer``, and on its decode engine from the landing to finish holding ``decode
 admission`` and ``decode``; a prompt kept local has one span on its decode engine, as
@@ -36,12 +38,19 @@ exactly after Perfetto converts them to nanoseconds). ``otherData`` says what wa
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from sim.metrics import compress_steps
+from sim.disagg.records import (
+    DECODE_ENGINE_PHASES,
+    PREFILL_ENGINE_PHASES,
+    has_replica,
+    request_phases,
+)
 from sim.request import RequestStatus
+from sim.step_compression import compress_steps
 from sim.table import Table, column
 
 #: Step events in the whole trace, shared equally by the replicas; later steps appear in
@@ -55,13 +64,21 @@ COUNTER_POINTS = 2000
 STEP_TID = 0
 
 
-def chrome_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[str, Any]:
+def chrome_trace(requests: Table, steps: Table, num_gpu_blocks: int | Mapping[str, int]
+                 ) -> dict[str, Any]:
     """The trace of a run's request and step tables (metrics.REQUEST_COLUMNS and
     STEP_COLUMNS, with a ``replica`` column for a cluster, and ``pool`` with the TTFT
     split for a disaggregated run; seconds) as the Trace Event Format's JSON object.
-    ``num_gpu_blocks`` (per replica) scales kv_cache_usage_perc."""
+    ``num_gpu_blocks`` (one engine's KV pool, in blocks) scales kv_cache_usage_perc: an
+    int for every replica, or for a disaggregated run a mapping pool -> its engines'
+    blocks (the pools' engines may differ: summary.json's disagg.<pool>.num_gpu_blocks).
+    Raises TypeError for a disaggregated run given an int."""
     if "pool" in steps:
+        if not isinstance(num_gpu_blocks, Mapping):
+            raise TypeError("a disaggregated run's trace needs num_gpu_blocks per pool")
         return _disagg_trace(requests, steps, num_gpu_blocks)
+    if isinstance(num_gpu_blocks, Mapping):
+        raise TypeError("an aggregated run's trace needs one num_gpu_blocks, not a mapping")
     events: list[dict[str, Any]] = []
     rep_steps = _replica_column(steps)
     rep_reqs = _replica_column(requests)
@@ -213,19 +230,16 @@ def _first_finished(requests: Table) -> np.ndarray:
 
 #: The pools, in the order their engines' processes come.
 POOLS = ("prefill", "decode")
-#: The phases of a remotely prefilled request: on its prefill engine (the first four
-#: parts of the TTFT split, sim/disagg/records.py SPLIT_COLUMNS), then on its decode
-#: engine (the split's last part, then first token to finish).
-PREFILL_PHASES = ("prefill queued", "prefill", "kv wait", "kv transfer")
-DECODE_PHASES = ("decode admission", "decode")
 
 #: A span to lay into a thread: (start_us, end_us, pid, thread label, its events).
 _Span = tuple[int, int, int, str, list[dict[str, Any]]]
 
 
-def _disagg_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[str, Any]:
+def _disagg_trace(requests: Table, steps: Table, num_gpu_blocks: Mapping[str, int]
+                  ) -> dict[str, Any]:
     """The trace of a disaggregated run (module docstring): a process per engine,
-    prefill engines first, then the KV link's."""
+    prefill engines first, then the KV link's; each engine's kv_cache_usage_perc over
+    its pool's ``num_gpu_blocks``."""
     pool = column(steps, "pool")
     rep = column(steps, "replica").astype(np.int64)
     engines = sorted({(POOLS.index(p), r) for p, r in zip(pool.tolist(), rep.tolist(),
@@ -237,7 +251,7 @@ def _disagg_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[st
     for (name, r), pid in pids.items():
         mask = (pool == name) & (rep == r)
         engine, num_steps = _engine_events({c: v[mask] for c, v in steps.items()}, pid,
-                                           f"{name} {r}", num_gpu_blocks, step_cap)
+                                           f"{name} {r}", num_gpu_blocks[name], step_cap)
         events += engine
         step_rows += num_steps
     link_pid = len(pids) + 1
@@ -256,52 +270,41 @@ def _disagg_trace(requests: Table, steps: Table, num_gpu_blocks: int) -> dict[st
 def _handover_spans(requests: Table, pids: dict[tuple[str, int], int], link_pid: int
                     ) -> tuple[list[_Span], int]:
     """The spans of the first MAX_REQUEST_SPANS finished requests by arrival (module
-    docstring), and how many requests."""
-    from sim.disagg.records import SPLIT_COLUMNS
-
+    docstring; their phases are records.request_phases'), and how many requests."""
     order = _first_finished(requests)
-    pre = _engine_indices(column(requests, "prefill_replica")[order])
-    dec = _engine_indices(column(requests, "decode_replica")[order])
-    remote = np.array([p is not None for p in pre], dtype=bool)
-    a = column(requests, "arrival_time")[order]
-    split = np.column_stack([np.where(remote, column(requests, c)[order], 0.0)
-                             for c in SPLIT_COLUMNS]).reshape(len(order), -1)
-    stamps = np.column_stack([a, a[:, None] + np.cumsum(split, axis=1),
-                              column(requests, "finish_time")[order]])
-    stamps_us = np.maximum.accumulate(_us(stamps), axis=1).tolist()  # rounding never reorders
-    local_us = np.column_stack([_us(column(requests, c)[order]) for c in (
-        "arrival_time", "first_scheduled_time", "first_token_time",
-        "finish_time")]).reshape(len(order), -1).tolist()
-    ids = column(requests, "request_id")[order].tolist()
-    n_in = column(requests, "num_prompt_tokens")[order].tolist()
-    n_out = column(requests, "num_output_tokens")[order].tolist()
-    n_pre = column(requests, "num_preemptions")[order].tolist()
+    drawn = {c: column(requests, c)[order] for c in requests}
+    pre = _engine_indices(drawn["prefill_replica"])
+    dec = _engine_indices(drawn["decode_replica"])
+    ids, n_in, n_out, n_pre = (drawn[c].tolist() for c in (
+        "request_id", "num_prompt_tokens", "num_output_tokens", "num_preemptions"))
+    k = len(PREFILL_ENGINE_PHASES)  # the KV lands at stamp k, on leaving the prefill engine
     spans: list[_Span] = []
-    for i in range(len(order)):
+    for i, (phases, stamps) in enumerate(request_phases(drawn)):
+        t = np.maximum.accumulate(_us(np.asarray(stamps))).tolist()  # rounding never reorders
         name, p, d = f"request {ids[i]}", pre[i], dec[i]
         assert d is not None, "a finished request ended on a decode engine"
         d_pid = pids[("decode", d)]
         decode_args = {"num_prompt_tokens": n_in[i], "num_output_tokens": n_out[i],
                        "num_preemptions": n_pre[i]}
         if p is None:  # kept local: queued, prefill and decode on the decode engine
-            spans.append(_span(d_pid, "request", name, ("queued", "prefill", "decode"),
-                               local_us[i], {**decode_args, "prefill_engine": "local"}))
+            spans.append(_span(d_pid, "request", name, phases, t,
+                               {**decode_args, "prefill_engine": "local"}))
             continue
-        t = stamps_us[i]
         p_pid, p_name, d_name = pids[("prefill", p)], f"prefill {p}", f"decode {d}"
-        spans.append(_span(p_pid, "request", name, PREFILL_PHASES, t[:5],
+        spans.append(_span(p_pid, "request", name, PREFILL_ENGINE_PHASES, t[:k + 1],
                            {"num_prompt_tokens": n_in[i], "decode_engine": d_name}))
-        spans.append(_span(d_pid, "request", name, DECODE_PHASES, t[4:],
+        spans.append(_span(d_pid, "request", name, DECODE_ENGINE_PHASES, t[k:],
                            {**decode_args, "prefill_engine": p_name}))
-        spans.append(_span(link_pid, "transfer", name, (), t[3:5], {
+        spans.append(_span(link_pid, "transfer", name, (), t[k - 1:k + 1], {
             "from": p_name, "to": d_name, "num_prompt_tokens": n_in[i]}))
     return spans, len(order)
 
 
 def _engine_indices(values: np.ndarray) -> list[int | None]:
     """A requests table's prefill_replica or decode_replica column as engine indices,
-    None where the request never reached that pool (None in memory, NaN from a CSV)."""
-    return [None if v is None or v != v else int(v) for v in values.tolist()]
+    None where the request never reached that pool (records.has_replica)."""
+    return [int(v) if k else None
+            for v, k in zip(values.tolist(), has_replica(values).tolist(), strict=True)]
 
 
 def _span(pid: int, cat: str, name: str, phases: tuple[str, ...], stamps_us: list[int],

@@ -18,7 +18,7 @@ from typing import Any
 
 from sim.app.runs.out_dir import YAML_MARK
 from sim.app.runs.plan import PlanResult
-from sim.app.runs.pools import DEVICE_FIELDS, POOLS, link_spec, parse_disagg
+from sim.app.runs.pools import POOLS, link_spec, parse_disagg, pool_value
 from sim.app.runs.runner import Prepared, RunConfig, prepare
 
 SERVE_FILE = "vllm_serve.yaml"
@@ -51,7 +51,9 @@ class Deployment:
     """The chosen config as ``vllm serve`` runs it: ``serve`` the YAML's keys in vLLM's
     spelling, ``replicas`` x ``tensor_parallel_size`` GPUs of ``gpu`` behind a
     ``router``, ``notes`` on what the YAML cannot carry; ``disagg``, the xPyD system
-    whose engines the replicas are (None: aggregated serving)."""
+    whose engines the replicas are (None: aggregated serving), and ``engines``, each of
+    its engines' TP, the flags that set its pool's own values over the YAML's, and its
+    GPU (empty: every replica as the YAML says)."""
 
     serve: dict[str, Any]
     gpu: str
@@ -60,6 +62,7 @@ class Deployment:
     router: str
     notes: tuple[str, ...] = ()
     disagg: str | None = None
+    engines: tuple[tuple[int, str, str], ...] = ()
 
     def yaml(self) -> str:
         """The YAML file: one ``key: value`` line per key (JSON scalars, which YAML
@@ -68,33 +71,42 @@ class Deployment:
         size = (f"{self.replicas} replica(s) x TP {self.tensor_parallel_size}"
                 if self.replicas else f"TP {self.tensor_parallel_size} per replica")
         if self.disagg is not None:
-            size = f"{self.disagg}, " + (f"{self.replicas} engines x TP "
-                                         f"{self.tensor_parallel_size}" if self.replicas
-                                         else f"TP {self.tensor_parallel_size} per engine")
+            uniform = len({(tp, gpu) for tp, _, gpu in self.engines}) <= 1
+            size = f"{self.disagg}, " + (
+                (f"{self.replicas} engines" + (f" x TP {self.tensor_parallel_size}"
+                                               if uniform else ", each pool's own TP"))
+                if self.replicas else f"TP {self.tensor_parallel_size} per engine")
         head = [YAML_MARK, f"# vllm serve --config {SERVE_FILE}: {size} on {self.gpu} "
                 "(servesim plan's chosen config)"]
         return "\n".join(head + [f"{k}: {json.dumps(v)}" for k, v in self.serve.items()]) + "\n"
 
     def commands(self) -> list[str]:
-        """The shell command per replica, its node (1, 2, ...) in a trailing comment so
-        each line pastes as it is: replicas fill
-        a node of GPUS_PER_NODE GPUs in order, each on its own TP GPUs and port
-        (8000 up, per node); a replica wider than a node spans whole nodes of its own
-        (vLLM runs it over a Ray cluster)."""
-        tp, n = self.tensor_parallel_size, self.replicas or 1
-        serve = f"vllm serve --config {SERVE_FILE}"
-        if tp > GPUS_PER_NODE:
-            span = math.ceil(tp / GPUS_PER_NODE)
-            return [f"{serve} --port 8000  # nodes {i * span + 1}-{(i + 1) * span}: TP {tp} "
-                    f"spans {span} nodes, start a Ray cluster on them first"
-                    for i in range(n)]
-        per_node = GPUS_PER_NODE // tp
-        lines = []
-        for i in range(n):
-            slot = i % per_node
-            devices = ",".join(str(d) for d in range(slot * tp, (slot + 1) * tp))
-            lines.append(f"CUDA_VISIBLE_DEVICES={devices} {serve} --port {8000 + slot}"
-                         f"  # node {i // per_node + 1}")
+        """The shell command per replica (per engine, with its pool's flags, for a
+        disaggregated fleet), its node (1, 2, ...) in a trailing comment so each line
+        pastes as it is: replicas fill a node of GPUS_PER_NODE GPUs in order, each on its
+        own TP GPUs and port (8000 up, per node), the next node taken when one does not
+        fit; a replica wider than a node spans whole nodes of its own (vLLM runs it over
+        a Ray cluster)."""
+        engines = self.engines or (
+            ((self.tensor_parallel_size, "", ""),) * (self.replicas or 1))
+        lines: list[str] = []
+        node, used, port = 1, 0, 8000
+        for tp, flags, gpu in engines:
+            serve = f"vllm serve --config {SERVE_FILE}{flags}"
+            on = f" ({gpu})" if gpu else ""
+            if tp > GPUS_PER_NODE:
+                span = math.ceil(tp / GPUS_PER_NODE)
+                node, used, port = (node + 1, 0, 8000) if used else (node, used, port)
+                lines.append(f"{serve} --port 8000  # nodes {node}-{node + span - 1}{on}: "
+                             f"TP {tp} spans {span} nodes, start a Ray cluster on them first")
+                node += span
+                continue
+            if used + tp > GPUS_PER_NODE:
+                node, used, port = node + 1, 0, 8000
+            devices = ",".join(str(d) for d in range(used, used + tp))
+            lines.append(f"CUDA_VISIBLE_DEVICES={devices} {serve} --port {port}"
+                         f"  # node {node}{on}")
+            used, port = used + tp, port + 1
         return lines
 
 
@@ -112,7 +124,8 @@ def serve_keys(prep: Prepared) -> dict[str, Any]:
         "max_num_batched_tokens": sched.max_num_batched_tokens,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "block_size": cfg.block_size,
-        "enable_prefix_caching": sched.prefix_cache != "none",
+        # a disaggregated run's pools have no prefix cache (sim/app/runs/pools.py)
+        "enable_prefix_caching": sched.prefix_cache != "none" and cfg.disagg is None,
         "enable_chunked_prefill": cfg.policy == "chunked",
         "kv_cache_dtype": cfg.kv_cache_dtype,
     }
@@ -154,16 +167,36 @@ def disagg_note(cfg: RunConfig) -> str:
     with max_tokens 1 and then decodes (docs/features/disagg_prefill.md); the pools'
     own batch limits, which the one YAML cannot carry."""
     x, y = parse_disagg(cfg.disagg or "")
-    own = [f"{pool} {knob} {v}" for pool in POOLS
-           for knob in ("max_num_seqs", "max_num_batched_tokens", *DEVICE_FIELDS)
-           if (v := getattr(cfg, f"{pool}_{knob}")) is not None]
     return (f"disaggregated serving, {x}P{y}D: the first {x} command(s) are the prefill "
-            f"instances, the other {y} the decode instances; start each with "
+            f"instances, the other {y} the decode instances (each with its pool's own "
+            "settings as flags over the YAML's); start each with "
             "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":"
             "\"kv_both\"}' and send requests through vLLM's disaggregated-serving proxy "
             "(it prefills on a prefill instance with max_tokens 1, then decodes on a decode "
-            "instance); the KV link the plan assumed: "
-            f"{link_spec(cfg).name}" + (f"; per pool: {', '.join(own)}" if own else ""))
+            "instance), which is the router in front of them; the KV link the plan "
+            f"assumed: {link_spec(cfg).name}; no prefix caching (servesim's disaggregated "
+            "runs have none yet)")
+
+
+#: A pool's own values as vllm serve flags (command-line flags take precedence over
+#: --config's keys in vLLM's argument parser).
+POOL_FLAGS = {"tensor_parallel_size": "--tensor-parallel-size",
+              "gpu_memory_utilization": "--gpu-memory-utilization",
+              "max_num_seqs": "--max-num-seqs",
+              "max_num_batched_tokens": "--max-num-batched-tokens"}
+
+
+def pool_engines(cfg: RunConfig) -> tuple[tuple[int, str, str], ...]:
+    """Each engine of ``cfg``'s xPyD system, prefill engines first: its TP, the flags
+    of its pool's own values (POOL_FLAGS) and its pool's own GPU ("" for the run's)."""
+    out: list[tuple[int, str, str]] = []
+    for pool, n in zip(POOLS, parse_disagg(cfg.disagg or ""), strict=True):
+        flags = "".join(f" {flag} {v:g}" if isinstance(v, float) else f" {flag} {v}"
+                        for key, flag in POOL_FLAGS.items()
+                        if (v := getattr(cfg, f"{pool}_{key}")) is not None)
+        gpu = getattr(cfg, f"{pool}_gpu") or ""
+        out += [(pool_value(cfg, pool, "tensor_parallel_size"), flags, gpu)] * n
+    return tuple(out)
 
 
 def deployment(config: RunConfig, replicas: int | None, router: str) -> Deployment:
@@ -171,10 +204,10 @@ def deployment(config: RunConfig, replicas: int | None, router: str) -> Deployme
     ``replicas`` of it behind ``router``."""
     prep = prepare(dataclasses.replace(config, replicas=1, num_requests=1))
     assert prep.config.gpu is not None, "RunConfig resolves the GPU"
-    if config.disagg is not None and replicas is not None:
-        replicas = sum(parse_disagg(config.disagg))  # its engines
-    return Deployment(serve_keys(prep), prep.config.gpu, replicas,
-                      config.tensor_parallel_size, router, notes(prep), config.disagg)
+    engines = pool_engines(config) if config.disagg is not None and replicas else ()
+    return Deployment(serve_keys(prep), prep.config.gpu, len(engines) or replicas,
+                      config.tensor_parallel_size, router, notes(prep), config.disagg,
+                      engines)
 
 
 def serve_file(d: Deployment | None) -> str:

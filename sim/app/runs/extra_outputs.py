@@ -52,7 +52,9 @@ def write_extras(run_dir: Path, prep: Prepared, result: SimResult, extras: Extra
     if extras.chrome_trace:
         from sim.app.runs.chrome_trace import chrome_trace
 
-        doc = chrome_trace(result.request_table, result.step_table, prep.num_gpu_blocks)
+        blocks = (prep.num_gpu_blocks if prep.pools is None
+                  else {pool: e.num_gpu_blocks for pool, e in prep.pools.items()})
+        doc = chrome_trace(result.request_table, result.step_table, blocks)
         with open(run_dir / "chrome_trace.json", "w") as f:
             json.dump(doc, f, separators=(",", ":"))
     if extras.parquet:

@@ -115,11 +115,10 @@ def gpus_estimate(spec: PlanSpec, c: ConfigResult) -> float:
 def choose(spec: PlanSpec, configs: list[ConfigResult],
            runner: Runner) -> tuple[ConfigResult | None, dict[int, list[ClusterCheck]],
                                     int | None]:
-    """The best config: fewest GPUs for the target, confirmed by cluster checks (the next
-    candidate is checked too while its estimate beats the best confirmed count; in a
-    grid of aggregated and disaggregated configs, each kind's best estimate is confirmed
-    too, so that the report compares two confirmed fleets); without a target, the
-    highest median rate per GPU."""
+    """The best config: fewest GPUs for the target, confirmed by cluster checks of the
+    three best estimates (and, in a grid of aggregated and disaggregated configs, each
+    kind's best estimate, so that the report compares two confirmed fleets); without a
+    target, the highest median rate per GPU."""
     ok = [c for c in configs if not c.error and c.interval(spec.load_axis)[0] > 0]
     ok.sort(key=lambda c: (gpus_estimate(spec, c),
                            -c.interval(spec.load_axis)[0] / c.gpus_per_replica, c.index))
@@ -135,9 +134,9 @@ def choose(spec: PlanSpec, configs: list[ConfigResult],
         if n is not None and n * c.gpus_per_replica < best_gpus:
             best, best_gpus = c, n * c.gpus_per_replica
 
+    # The three best estimates, each confirmed: the cluster search may confirm far below
+    # an estimate (a router smooths each replica's arrivals), so none bounds the others.
     for c in ok[:3]:
-        if gpus_estimate(spec, c) >= best_gpus:
-            break
         confirm(c)
     kinds = {c.pools is None for c in ok}
     for aggregated in sorted(kinds) if len(kinds) > 1 else ():

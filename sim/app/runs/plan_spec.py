@@ -27,13 +27,16 @@ burstiness); trace time-scales the trace's own arrivals."""
 
 @dataclass
 class ConfigResult:
-    """One engine config of the grid: its knobs, searches and the derived capacity."""
+    """One engine config of the grid: its knobs, searches and the derived capacity;
+    ``prefix_cache``, the cache its engines run with as prepared (vLLM's default where
+    the config names none)."""
 
     index: int
     knobs: dict[str, Any]
     config: RunConfig
     searches: list[SearchResult] = field(default_factory=list)
     error: str = ""
+    prefix_cache: str = "none"
 
     @property
     def tp(self) -> int:
@@ -151,10 +154,11 @@ class PlanSpec:
 def candidates(spec: PlanSpec) -> list[ConfigResult]:
     """The grid's configs, each prepared once (one request) before any search: one that
     cannot be built or run carries its error and is not searched; one vLLM refuses at
-    start-up (startup_checks.Refused) is skipped, and its note says why. Their files are
-    absolute paths as this process finds them (sweep.driver_inputs), whatever directory
-    a worker runs in."""
-    configs = []
+    start-up (startup_checks.Refused) is skipped, and its note says why; so is a config
+    an earlier cell already is (an aggregated cell of a pool axis: the pool options
+    apply to xPyD cells only). Their files are absolute paths as this process finds them
+    (sweep.driver_inputs), whatever directory a worker runs in."""
+    configs: list[ConfigResult] = []
     base = driver_inputs(spec.base, "local")[0]
     for i, knobs in enumerate(spec.grid.cells()):
         try:
@@ -162,8 +166,16 @@ def candidates(spec: PlanSpec) -> list[ConfigResult]:
         except ValueError as e:  # knobs that make no config (static with a budget)
             configs.append(ConfigResult(i, knobs, base, error=str(e)))
             continue
+        same = next((k for k in configs if k.config == c.config), None)
+        if same is not None:
+            c.error = ("skipped: the same engine config as "
+                       + ", ".join(f"{k}={v}" for k, v in same.knobs.items()))
+            configs.append(c)
+            continue
         try:
-            prepare(dataclasses.replace(c.config, num_requests=1))
+            prep = prepare(dataclasses.replace(c.config, num_requests=1))
+            # a disaggregated run's pools have no prefix cache (sim/app/runs/pools.py)
+            c.prefix_cache = "none" if c.pools else prep.scheduler.prefix_cache
         except Refused as e:
             c.error = f"skipped: vLLM refuses it at start-up: {e}"
         except (ValueError, FileNotFoundError) as e:

@@ -20,9 +20,9 @@ from sim.app.runs.extra_outputs import Extras, write_extras
 from sim.app.runs.out_dir import commit_dirs, stage_dir
 from sim.app.runs.run_config import config_record
 from sim.app.runs.runner import Prepared, engine_args
-from sim.metrics import compress_steps
 from sim.record_spool import RecordSpool
 from sim.simulate import SimResult, simulate_streamed
+from sim.step_compression import compress_steps
 from sim.table import write_csv
 
 
@@ -85,9 +85,11 @@ def stage_run(out_dir: Path, prep: Prepared, result: SimResult,
 
 def streams_records(prep: Prepared, extras: Extras | None = None) -> bool:
     """Whether ``servesim run`` streams its records (run_streamed) rather than holding
-    them: one engine (a cluster merges its replicas' records in memory) and no optional
-    file that needs the whole tables (--bench-result, --chrome-trace, --parquet)."""
-    return prep.config.replicas == 1 and (extras is None or not extras.file_names())
+    them: one engine (a cluster or a disaggregated run merges its engines' records in
+    memory) and no optional file that needs the whole tables (--bench-result,
+    --chrome-trace, --parquet)."""
+    return (prep.config.replicas == 1 and prep.config.disagg is None
+            and (extras is None or not extras.file_names()))
 
 
 def run_streamed(out_dir: Path, prep: Prepared, progress: Callable[[int], None] | None = None,

@@ -310,7 +310,10 @@ def _cell_error(task: CellTask, at_load: Callable[[RunConfig], RunConfig] | None
 
 def check_router_cells(base: RunConfig, grid: Grid) -> None:
     """``check_router`` for every prefix cache a cell of ``grid`` may have (its axis, or
-    the base's), before anything runs; ValueError naming the axis."""
+    the base's), before anything runs, on the base as an aggregated run (a disaggregated
+    cell that cannot take a cache is that cell's own error); ValueError naming the axis."""
+    aggregated: dict[str, Any] = {"disagg": None, **dict.fromkeys(DISAGG_FIELDS)}
+    base = dataclasses.replace(base, **aggregated)
     for mode in grid.axes.get("prefix_cache", (base.prefix_cache,)):
         try:
             cfg = dataclasses.replace(base, prefix_cache=mode)
