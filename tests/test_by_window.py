@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.app.cli.main import app
-from sim.app.reports.by_window_page import record
+from sim.app.reports.by_window_page import record, summary_lines
 from sim.app.runs.by_window import LoadOverDay, Window, window_spans
 from sim.app.runs.durations import parse_duration
 
@@ -126,3 +126,12 @@ def test_no_figures_unless_every_window_was_confirmed() -> None:
     assert (both["peak_replicas"], both["mean_replicas"]) == (3, 2.0)
     assert both["gpu_hours_following_load"] == pytest.approx(80 / 3600)
     assert both["gpu_hours_at_peak"] == pytest.approx(120 / 3600)
+
+
+def test_a_disaggregated_fleet_is_counted_in_units_and_their_gpus() -> None:
+    windows = [Window(0.0, 10.0, 400, 40.0, 1), Window(10.0, 10.0, 1500, 150.0, 3)]
+    d = LoadOverDay(10.0, 1, windows, 3, "1P2D unit")  # 3 GPUs a 1P2D unit at TP 1
+    # 1 then 3 units of 3 GPUs for 10 s each: 120 GPU-seconds, 180 at the peak
+    assert d.gpu_hours_following_load == pytest.approx(120 / 3600)
+    assert d.gpu_hours_at_peak == pytest.approx(180 / 3600)
+    assert "**Peak 3 1P2D units, mean 2.00**" in summary_lines(d)[1]

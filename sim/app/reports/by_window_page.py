@@ -34,7 +34,7 @@ def summary_lines(d: LoadOverDay) -> list[str]:
         return [*lines, "**Not every window was confirmed** (a window's replicas are "
                 "missing where no cluster size passed): no GPU-hours are given."]
     saved = 1 - follow / at_peak if at_peak else 0.0
-    return [*lines, f"**Peak {d.peak_replicas} replicas, mean {d.mean_replicas:.2f}**; a "
+    return [*lines, f"**Peak {d.peak_replicas} {d.unit}s, mean {d.mean_replicas:.2f}**; a "
             f"scaler following the load uses **{follow:,.4g} GPU-hours** "
             f"against {at_peak:,.4g} for a fleet sized for the peak ({saved:.0%} "
             "fewer), before provisioning delays and the SLO misses of scaling late."]

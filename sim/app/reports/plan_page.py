@@ -240,12 +240,14 @@ def method_lines(res: PlanResult) -> list[str]:
         "Burstiness: the chosen config at the per-replica operating load "
         f"({res.operating_load:.4g} {_unit(res)}) under gamma arrivals of shape k in "
         f"{list(BURSTINESS_LEVELS)} (CV of the gaps 1/sqrt(k); k = 1 is Poisson).",
-        "Open vs closed loop: C users (Little's law: operating rate x mean E2E) send their "
-        "next request as the previous one ends; Poisson arrivals then replay the throughput "
-        "they reached. Latency and throughput are measured on requests sent after the first "
-        "C and before the last C (the start-up wave and the drain). A closed loop slows "
-        "its own arrivals when the server slows, so it hides queueing and understates "
-        "latency.",
+        ("Open vs closed loop: C users (Little's law: operating rate x mean E2E) send their "
+         "next request as the previous one ends; Poisson arrivals then replay the throughput "
+         "they reached. Latency and throughput are measured on requests sent after the first "
+         "C and before the last C (the start-up wave and the drain). A closed loop slows "
+         "its own arrivals when the server slows, so it hides queueing and understates "
+         "latency." if res.best is None or res.best.pools is None else
+         "Open vs closed loop: not run, disaggregated runs take open-loop arrivals only "
+         "(docs/disaggregation.md)."),
         "Cost model and memory: per GPU of a tensor-parallel replica (weights, KV heads and "
         "FLOPs split TP ways, two all-reduces per layer over the GPU's interconnect; see "
         "docs/capacity.md). Calibrated profiles are single-GPU: TP > 1 uses the roofline.",

@@ -42,13 +42,15 @@ class Window:
 @dataclass(frozen=True)
 class LoadOverDay:
     """The windows of a trace, and the fleet they need at ``tensor_parallel_size``, with
-    ``gpus_per_replica`` GPUs a replica (TP, or (x + y) x TP for an xPyD unit); the
+    ``gpus_per_replica`` GPUs a replica (TP, or x x TP_p + y x TP_d for an xPyD unit,
+    ``unit`` "1P2D unit" then); the
     figures below are None unless every window was confirmed."""
 
     window_s: float
     tensor_parallel_size: int
     windows: list[Window]
     gpus_per_replica: int
+    unit: str = "replica"
 
     @property
     def confirmed(self) -> bool:
@@ -152,4 +154,5 @@ def load_over_day(spec: PlanSpec, best: ConfigResult, window_s: float,
         replicas, checks = confirm_replicas(dataclasses.replace(spec, target=rate), best,
                                             runner)
         windows.append(Window(start, length, n, rate, replicas, checks))
-    return LoadOverDay(window_s, best.tp, windows, best.gpus_per_replica)
+    unit = "replica" if best.pools is None else f"{best.config.disagg} unit"
+    return LoadOverDay(window_s, best.tp, windows, best.gpus_per_replica, unit)
