@@ -9,13 +9,12 @@ tests/test_prefill_runs.py compares the paths.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from itertools import accumulate
+from collections.abc import Callable, Iterator, Sequence
 
 from sim.batch import BatchShape, SteadyDecode, chunk_shape
 from sim.decode_group import DecodeGroup
 from sim.kv.block_pool import KVCacheManager
-from sim.metrics import Recorder, StepRow
+from sim.metrics import Recorder
 from sim.request import Request
 from sim.run_times import cut_run, run_limit
 
@@ -136,17 +135,23 @@ def _record(steady: SteadyDecode, plan: ChunkPlan, group_blocks: Sequence[int],
     decode = req.num_output_tokens > 0  # a one-token chunk is then priced as a decode
     c, blocks = req.num_computed_tokens, len(req.block_ids)
     used = kv.num_used_blocks - sum(group_blocks) - blocks  # before the run, without it
-    record = rec.record_step
+    row_blocks = []
     for j, n in enumerate(chunks):
         c += n
         used += group_blocks[j]
-        row_blocks = used + max(blocks, -(-c // bs))
-        if n == 1 and decode:
-            record(StepRow(times[j], dts[j], useful, 0, useful, row_blocks, num_waiting,
-                           useful, held - useful, empty, 0))
-        else:
-            record(StepRow(times[j], dts[j], useful, n, g, row_blocks, num_waiting, useful,
-                           held - useful, empty, 0))
+        row_blocks.append(used + max(blocks, -(-c // bs)))
+    # The other columns change only with the chunk's tokens, and the chunks are equal but
+    # for a last, shorter one: one stored row per stretch of equal chunks, not per step.
+    i, k = 0, len(chunks)
+    while i < k:
+        n, e = chunks[i], i + 1
+        while e < k and chunks[e] == n:
+            e += 1
+        prefill_tokens, decode_tokens = (0, useful) if n == 1 and decode else (n, g)
+        rec.record_steps(times[i:e], dts[i:e], row_blocks[i:e],
+                         (useful, prefill_tokens, decode_tokens, num_waiting, useful,
+                          held - useful, empty, 0))
+        i = e
 
 
 def prefill_chunks(rest: int, chunk: int, covers_last: bool, limit: int) -> list[int]:
@@ -201,9 +206,11 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
     has_output = req.num_output_tokens > 0
     g, growth = steady.shape.num_decode_seqs, steady.context_growth
     ctx = steady.shape.decode_context_tokens  # chunk_shape ignores it without decodes
-    # num_computed_tokens before each chunk (one more value: after the last, unused)
-    computed = accumulate(chunks, initial=req.num_computed_tokens)
-    prices = (step_time(chunk_shape(num_tokens, has_output, c, n, g, ctx + j * growth))
-              for j, (c, n) in enumerate(zip(computed, chunks, strict=False)))
-    return cut_run(prices, start, run_limit(next_arrival, end_before), end_before,
+    def prices() -> Iterator[float]:  # priced lazily: cut_run may stop before the last
+        c = req.num_computed_tokens
+        for j, n in enumerate(chunks):
+            yield step_time(chunk_shape(num_tokens, has_output, c, n, g, ctx + j * growth))
+            c += n
+
+    return cut_run(prices(), start, run_limit(next_arrival, end_before), end_before,
                    min_steps=0)

@@ -19,6 +19,7 @@ interpolation, as vLLM's benchmark uses (sim/latency_stats.py).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import sub
 from typing import Any, Protocol
@@ -224,12 +225,20 @@ class Recorder:
     ) -> None:
         """Rows for a run of decode-only steps (the fast path): step j starts at times[j],
         lasts dts[j] and holds kv_blocks_used[j] blocks; the rest is constant."""
+        self.record_steps(times, dts, kv_blocks_used, (num_seqs, 0, num_seqs, num_waiting,
+                                                      num_seqs, slots_idle, slots_empty, 0))
+
+    def record_steps(self, times: Sequence[float], dts: Sequence[float],
+                     kv_blocks_used: Sequence[int], row: tuple[int, ...]) -> None:
+        """Rows for len(dts) steps alike but for their start (times[j]), duration (dts[j])
+        and blocks (kv_blocks_used[j]); ``row`` holds the other columns, in
+        _CONST_STEP_COLUMNS order, stored once for them all (a fast-path run's stretch
+        of steps: no tuple per step)."""
         k = len(dts)
         self._start.extend(times[:k])
         self._duration.extend(dts)
         self._blocks.extend(kv_blocks_used)
-        self._rows_append((num_seqs, 0, num_seqs, num_waiting, num_seqs, slots_idle,
-                           slots_empty, 0))
+        self._rows_append(row)
         self._row_steps_append(k)
         if len(self._rows) >= _PACK_ROWS:
             self._pack()
