@@ -7,7 +7,7 @@ requests run.
 - requests.csv in workload order: requests arrive in finish order; a reorder buffer
   keyed by workload row writes every row as soon as all earlier rows are out (it holds
   the rows finished since the oldest request still in flight arrived).
-- steps.csv run-length compressed as metrics.compress_steps compresses the whole table:
+- steps.csv run-length compressed as step_compression.compress_steps compresses the whole table:
   the last, still open, group of each chunk is carried into the next as one row that
   stands for its steps, so its sums are the same additions in the same order.
 - summary.json equal to metrics.summarize's: the request columns read back one at a

@@ -43,15 +43,18 @@ def compress_steps(steps: Table, counts: np.ndarray | None = None) -> dict[str, 
                          return_inverse=True)[1].ravel()
         if code.max() > 0:
             by_engine = np.argsort(code, kind="stable")
-            out = _compress({c: v[by_engine] for c, v in cols.items()}, None)
-            order = np.argsort(out["start_time"], kind="stable")
+            out, first = _compress({c: v[by_engine] for c, v in cols.items()}, None)
+            # rows by their first step's start, ties in the table's own order
+            order = np.lexsort((by_engine[first], out["start_time"]))
             return {c: v[order] for c, v in out.items()}
-    return _compress(cols, counts)
+    return _compress(cols, counts)[0]
 
 
-def _compress(cols: dict[str, np.ndarray], counts: np.ndarray | None) -> dict[str, np.ndarray]:
+def _compress(cols: dict[str, np.ndarray],
+              counts: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """compress_steps of one table's rows in their order (a new row at every change of
-    composition or engine, and around a preemption)."""
+    composition or engine, and around a preemption), and each row's first step's
+    position in the table."""
     n = len(cols["start_time"])
     pre = cols["num_preempted"] > 0
     new = np.ones(n, dtype=bool)
@@ -66,4 +69,4 @@ def _compress(cols: dict[str, np.ndarray], counts: np.ndarray | None) -> dict[st
     out["kv_blocks_used"] = np.maximum.reduceat(cols["kv_blocks_used"], first)
     out["num_steps"] = (np.bincount(group) if counts is None
                         else np.bincount(group, weights=counts)).astype(np.int64)
-    return out
+    return out, first

@@ -5,6 +5,7 @@ GPUs counted as (x + y) x TP a unit."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from sim.app.runs.deploy_config import deployment
 from sim.app.runs.load_search import SLO, Probe, ProbeTask, SearchResult
 from sim.app.runs.plan import PlanResult, choose
 from sim.app.runs.plan_spec import ConfigResult, PlanSpec, candidates
-from sim.app.runs.runner import RunConfig
+from sim.app.runs.runner import RunConfig, prepare
 from sim.app.runs.sweep import Grid, cell_config, grid_base
 from tests.test_plan import fixed_trace
 
@@ -155,7 +156,7 @@ def test_a_disaggregated_deployment_starts_every_engine_of_both_pools() -> None:
     assert fleet_text(c, 2) == "2 x 1P1D = 2P2D (prefill TP 2, decode TP 1) = 6 GPUs"
     d = deployment(c.scaled(2), 2, "round-robin")  # 2 units: 2P2D
     assert d.replicas == 4 and d.disagg == "2P2D"
-    assert "vllm_serve.yaml: 2P2D, 4 engines, each pool's own TP on" in d.yaml()
+    assert "vllm_serve.yaml: 2P2D, 4 engines, prefill TP 2, decode TP 1 on h100-sxm" in d.yaml()
     # By hand, on one 8-GPU node: the prefill engines (TP 2) on GPUs 0-1 and 2-3, then
     # the decode engines (TP 1) on GPUs 4 and 5, each with its pool's own flags.
     serve = "vllm serve --config vllm_serve.yaml"
@@ -168,6 +169,29 @@ def test_a_disaggregated_deployment_starts_every_engine_of_both_pools() -> None:
     assert note.startswith("disaggregated serving, 2P2D: the first 2 command(s) are the "
                            "prefill instances, the other 2 the decode instances")
     assert "NixlConnector" in note and d.serve["enable_prefix_caching"] is False
+
+
+def test_each_pool_on_its_own_gpu_type_and_own_batch_limits() -> None:
+    # 1P1D with the prefill pool on A100s at TP 2 and both pools at TP 2: one node per GPU
+    # type; the A100 engine runs vLLM's A100 batch defaults, which the H100 YAML does not
+    # carry, so its command sets them.
+    c = ConfigResult(0, {}, RunConfig(model="llama-3.1-8b", disagg="1P1D",
+                                      prefill_gpu="a100-80gb",
+                                      prefill_tensor_parallel_size=2,
+                                      decode_tensor_parallel_size=2))
+    d = deployment(c.scaled(1), 1, "round-robin")
+    prep = prepare(dataclasses.replace(c.config, num_requests=1))
+    assert prep.pools is not None
+    own = prep.pools["prefill"].scheduler
+    assert (own.max_num_seqs, own.max_num_batched_tokens) != (
+        d.serve["max_num_seqs"], d.serve["max_num_batched_tokens"])
+    assert d.commands() == [
+        f"CUDA_VISIBLE_DEVICES=0,1 vllm serve --config vllm_serve.yaml --tensor-parallel-size "
+        f"2 --max-num-seqs {own.max_num_seqs} --max-num-batched-tokens "
+        f"{own.max_num_batched_tokens} --port 8000  # node 1 (a100-80gb)",
+        "CUDA_VISIBLE_DEVICES=0,1 vllm serve --config vllm_serve.yaml --tensor-parallel-size "
+        "2 --port 8000  # node 2"]
+    assert "1P1D, 2 engines, prefill TP 2 on a100-80gb, decode TP 2" in d.yaml()
 
 
 def test_engines_that_do_not_fit_a_node_take_the_next() -> None:
@@ -196,8 +220,17 @@ def test_a_plan_compares_each_pools_tensor_parallelism() -> None:
 
 
 def test_auto_stands_for_its_ratios_inside_a_list_too() -> None:
-    opts = {**dict.fromkeys(PLAN_AXES), "disagg": "auto,4P1D,1P1D", "seeds": "0"}
+    opts = {**dict.fromkeys(PLAN_AXES), "disagg": "auto,4P1D,1p1d,None", "seeds": "0"}
     assert plan_grid(opts).axes["disagg"] == (*AUTO_DISAGG, "4P1D")
+
+
+def test_a_config_equal_to_a_cell_that_could_not_be_built_is_searched() -> None:
+    # gpu_memory_utilization 1.5 makes no config (its cell holds the base's); 0.9 is the
+    # base's value, so it equals that placeholder, and must still be searched.
+    grid = Grid.parse({"gpu_memory_utilization": "1.5,0.9"})
+    configs = candidates(PlanSpec(RunConfig(), SLO(1.0, None), grid, target=5.0))
+    assert configs[0].error.startswith("gpu_memory_utilization must be in (0, 1]")
+    assert configs[1].error == ""
 
 
 def test_a_pool_on_another_gpu_is_refused_by_a_price_ranking(tmp_path: Path) -> None:

@@ -183,3 +183,17 @@ def test_servesim_run_does_not_import_pandas(tmp_path: Path) -> None:
                          check=True).stdout
     assert "PANDAS False" in out
     assert (tmp_path / "run" / "steps.csv").exists()
+
+
+def test_compressed_rows_that_start_together_keep_the_tables_order() -> None:
+    # Replicas 2 and 10 step at 0 and at 1, 2 first each time: rows 2 then 10 (not the
+    # order of their names as strings, "10" < "2").
+    steps = {"start_time": np.array([0.0, 0.0, 1.0, 1.0]), "duration_s": np.ones(4),
+             "kv_blocks_used": np.ones(4, dtype=np.int64),
+             "num_preempted": np.zeros(4, dtype=np.int64),
+             "replica": np.array([2, 10, 2, 10])}
+    for c in ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
+              "slots_useful", "slots_idle", "slots_empty"):
+        steps[c] = np.ones(4, dtype=np.int64)
+    out = compress_steps(steps)
+    assert out["replica"].tolist() == [2, 10] and out["num_steps"].tolist() == [2, 2]

@@ -55,7 +55,9 @@ def plan_grid(opts: dict[str, Any]) -> Any:
     if axes["disagg"] is not None:  # auto, alone or in a list, stands for AUTO_DISAGG
         given = [v.strip() for v in axes["disagg"].split(",")]
         values = [a for v in given for a in (AUTO_DISAGG if v.lower() == "auto" else (v,))]
-        axes["disagg"] = ",".join(dict.fromkeys(values))
+        # repeated values once, compared as the axis spells them (xPyD upper case)
+        axes["disagg"] = ",".join(dict.fromkeys(v.lower() if v.lower() == "none"
+                                                else v.upper() for v in values))
     return Grid.parse(axes, opts.pop("seeds"))
 
 

@@ -31,7 +31,7 @@ def summary_lines(d: LoadOverDay) -> list[str]:
              "`--target-rate` confirms it, for the chosen config."]
     follow, at_peak = d.gpu_hours_following_load, d.gpu_hours_at_peak
     if follow is None or at_peak is None:
-        return [*lines, "**Not every window was confirmed** (a window's replicas are "
+        return [*lines, f"**Not every window was confirmed** (a window's {d.unit}s are "
                 "missing where no cluster size passed): no GPU-hours are given."]
     saved = 1 - follow / at_peak if at_peak else 0.0
     return [*lines, f"**Peak {d.peak_replicas} {d.unit}s, mean {d.mean_replicas:.2f}**; a "

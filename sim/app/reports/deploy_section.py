@@ -16,9 +16,15 @@ def deploy_markdown(d: Deployment) -> list[str]:
             f"a load balancer routing like servesim's {d.router} router"
             if d.replicas else f"TP {d.tensor_parallel_size} per replica on {d.gpu} (no "
             "target: replicas not sized)")
+    if d.disagg is not None and d.replicas:
+        size = (f"{d.disagg}: {d.replicas} engines ({d.engines_text()}) on {d.gpu}, behind "
+                f"vLLM's disaggregated-serving proxy, each pool routed like servesim's "
+                f"{d.router} router")
     return [f"{size}. `{SERVE_FILE}` (written beside this report; `servesim run --config "
             f"{SERVE_FILE} --gpu {d.gpu}` reads it back):", "", "```yaml",
-            d.yaml().rstrip("\n"), "```", "", "One command per replica:", "", "```sh",
+            d.yaml().rstrip("\n"), "```", "",
+            "One command per replica:" if d.disagg is None else "One command per engine:",
+            "", "```sh",
             *d.commands(), "```", "", *[f"- {n}" for n in (*d.notes, DECIDED_ELSEWHERE)]]
 
 

@@ -62,7 +62,7 @@ def cdf_points(values: np.ndarray, max_points: int = CDF_POINTS) -> tuple[np.nda
 
 def _num_steps(steps: pd.DataFrame) -> np.ndarray:
     """How many engine steps each row stands for (steps.csv is run-length compressed;
-    see metrics.compress_steps); 1 per row for an uncompressed frame."""
+    see step_compression.compress_steps); 1 per row for an uncompressed frame."""
     if "num_steps" in steps:
         return steps["num_steps"].to_numpy(np.float64)
     return np.ones(len(steps))

@@ -4,7 +4,7 @@ the Trace Event Format that Perfetto (ui.perfetto.dev) and chrome://tracing open
 Owns the layout. Each replica is a process ("replica 0", ...). In it:
 
 - thread "steps": one complete event ("X") per steps.csv row, run-length compressed as
-  steps.csv is by default (metrics.compress_steps: ``num_steps`` steps of one composition
+  steps.csv is by default (step_compression.compress_steps: ``num_steps`` steps of one composition
   share one event), named by the batch's composition (prefill, decode, mixed), with the
   row's counts as args; the first MAX_STEP_EVENTS rows of the run, shared equally by
   the replicas.

@@ -71,14 +71,25 @@ class Deployment:
         size = (f"{self.replicas} replica(s) x TP {self.tensor_parallel_size}"
                 if self.replicas else f"TP {self.tensor_parallel_size} per replica")
         if self.disagg is not None:
-            uniform = len({(tp, gpu) for tp, _, gpu in self.engines}) <= 1
-            size = f"{self.disagg}, " + (
-                (f"{self.replicas} engines" + (f" x TP {self.tensor_parallel_size}"
-                                               if uniform else ", each pool's own TP"))
-                if self.replicas else f"TP {self.tensor_parallel_size} per engine")
+            size = f"{self.disagg}, " + (f"{self.replicas} engines, {self.engines_text()}"
+                                         if self.replicas else
+                                         f"TP {self.tensor_parallel_size} per engine")
         head = [YAML_MARK, f"# vllm serve --config {SERVE_FILE}: {size} on {self.gpu} "
                 "(servesim plan's chosen config)"]
         return "\n".join(head + [f"{k}: {json.dumps(v)}" for k, v in self.serve.items()]) + "\n"
+
+    def engines_text(self) -> str:
+        """A disaggregated fleet's engines by TP and GPU: "TP 2", or "prefill TP 2 on
+        h200-sxm, decode TP 1" ("" for an aggregated one)."""
+        if not self.engines:
+            return ""
+        pools = list(dict.fromkeys((tp, gpu) for tp, _, gpu in self.engines))
+        if len(pools) == 1 and not pools[0][1]:
+            return f"TP {pools[0][0]}"
+        # prefill engines first: the first engine is a prefill one, the last a decode one
+        by_pool = zip(POOLS, (self.engines[0], self.engines[-1]), strict=True)
+        return ", ".join(f"{p} TP {tp}" + (f" on {gpu}" if gpu else "")
+                         for p, (tp, _, gpu) in by_pool)
 
     def commands(self) -> list[str]:
         """The shell command per replica (per engine, with its pool's flags, for a
@@ -90,10 +101,13 @@ class Deployment:
         engines = self.engines or (
             ((self.tensor_parallel_size, "", ""),) * (self.replicas or 1))
         lines: list[str] = []
-        node, used, port = 1, 0, 8000
+        node, used, port, kind = 1, 0, 8000, ""
         for tp, flags, gpu in engines:
             serve = f"vllm serve --config {SERVE_FILE}{flags}"
             on = f" ({gpu})" if gpu else ""
+            if gpu != kind and used:  # a node holds one GPU type
+                node, used, port = node + 1, 0, 8000
+            kind = gpu
             if tp > GPUS_PER_NODE:
                 span = math.ceil(tp / GPUS_PER_NODE)
                 node, used, port = (node + 1, 0, 8000) if used else (node, used, port)
@@ -178,24 +192,34 @@ def disagg_note(cfg: RunConfig) -> str:
             "runs have none yet)")
 
 
-#: A pool's own values as vllm serve flags (command-line flags take precedence over
-#: --config's keys in vLLM's argument parser).
+#: vllm serve flags of an engine's own values (command-line flags take precedence over
+#: --config's keys in vLLM's argument parser): YAML key -> flag.
 POOL_FLAGS = {"tensor_parallel_size": "--tensor-parallel-size",
               "gpu_memory_utilization": "--gpu-memory-utilization",
               "max_num_seqs": "--max-num-seqs",
               "max_num_batched_tokens": "--max-num-batched-tokens"}
 
 
-def pool_engines(cfg: RunConfig) -> tuple[tuple[int, str, str], ...]:
-    """Each engine of ``cfg``'s xPyD system, prefill engines first: its TP, the flags
-    of its pool's own values (POOL_FLAGS) and its pool's own GPU ("" for the run's)."""
+def pool_engines(prep: Prepared, serve: dict[str, Any]) -> tuple[tuple[int, str, str], ...]:
+    """Each engine of a prepared disaggregated run's xPyD system, prefill engines first:
+    its TP, the flags of its pool's engine values that differ from the YAML's ``serve``
+    keys (POOL_FLAGS: TP, memory share, and the batch limits the pool's engine resolved,
+    its own knobs or its GPU's vLLM defaults) and its GPU where the pool has its own
+    ("" for the run's)."""
+    cfg = prep.config
+    assert prep.pools is not None, "a prepared disaggregated run has its pools"
     out: list[tuple[int, str, str]] = []
     for pool, n in zip(POOLS, parse_disagg(cfg.disagg or ""), strict=True):
-        flags = "".join(f" {flag} {v:g}" if isinstance(v, float) else f" {flag} {v}"
-                        for key, flag in POOL_FLAGS.items()
-                        if (v := getattr(cfg, f"{pool}_{key}")) is not None)
-        gpu = getattr(cfg, f"{pool}_gpu") or ""
-        out += [(pool_value(cfg, pool, "tensor_parallel_size"), flags, gpu)] * n
+        e = prep.pools[pool]
+        own = {"tensor_parallel_size": e.tensor_parallel_size,
+               "gpu_memory_utilization": pool_value(cfg, pool, "gpu_memory_utilization"),
+               "max_num_seqs": e.scheduler.max_num_seqs,
+               "max_num_batched_tokens": e.scheduler.max_num_batched_tokens}
+        flags = "".join(f" {POOL_FLAGS[k]} {v:g}" if isinstance(v, float)
+                        else f" {POOL_FLAGS[k]} {v}"
+                        for k, v in own.items() if v != serve[k])
+        gpu = e.gpu if getattr(cfg, f"{pool}_gpu") is not None else ""
+        out += [(e.tensor_parallel_size, flags, gpu)] * n
     return tuple(out)
 
 
@@ -204,8 +228,9 @@ def deployment(config: RunConfig, replicas: int | None, router: str) -> Deployme
     ``replicas`` of it behind ``router``."""
     prep = prepare(dataclasses.replace(config, replicas=1, num_requests=1))
     assert prep.config.gpu is not None, "RunConfig resolves the GPU"
-    engines = pool_engines(config) if config.disagg is not None and replicas else ()
-    return Deployment(serve_keys(prep), prep.config.gpu, len(engines) or replicas,
+    serve = serve_keys(prep)
+    engines = pool_engines(prep, serve) if config.disagg is not None and replicas else ()
+    return Deployment(serve, prep.config.gpu, len(engines) or replicas,
                       config.tensor_parallel_size, router, notes(prep), config.disagg,
                       engines)
 

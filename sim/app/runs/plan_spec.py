@@ -159,6 +159,7 @@ def candidates(spec: PlanSpec) -> list[ConfigResult]:
     apply to xPyD cells only). Their files are absolute paths as this process finds them
     (sweep.driver_inputs), whatever directory a worker runs in."""
     configs: list[ConfigResult] = []
+    built: list[ConfigResult] = []  # the cells whose config was built, to compare with
     base = driver_inputs(spec.base, "local")[0]
     for i, knobs in enumerate(spec.grid.cells()):
         try:
@@ -166,7 +167,8 @@ def candidates(spec: PlanSpec) -> list[ConfigResult]:
         except ValueError as e:  # knobs that make no config (static with a budget)
             configs.append(ConfigResult(i, knobs, base, error=str(e)))
             continue
-        same = next((k for k in configs if k.config == c.config), None)
+        same = next((k for k in built if k.config == c.config), None)
+        built.append(c)
         if same is not None:
             c.error = ("skipped: the same engine config as "
                        + ", ".join(f"{k}={v}" for k, v in same.knobs.items()))

@@ -55,7 +55,7 @@ def write_run(out_dir: Path, prep: Prepared, result: SimResult,
     """Write requests.csv, steps.csv, summary.json and config.json into ``out_dir``,
     whole or not at all (sim/app/runs/out_dir.py: staged in a temporary sibling that replaces
     ``out_dir`` once every file is complete). steps.csv is run-length compressed
-    (metrics.compress_steps) unless ``full_steps``; its ``num_steps`` column says how many
+    (step_compression.compress_steps) unless ``full_steps``; its ``num_steps`` column says how many
     steps each row stands for. Raises ValueError when ``out_dir`` may not be replaced
     (out_dir.check_run_dir: a file, the current directory, or a directory that is not a
     previous run). ``extras``: the optional files also written
