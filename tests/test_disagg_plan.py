@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from sim.app.cli.main import app
 from sim.app.cli.plan_input import plan_grid
+from sim.app.reports.deploy_section import deploy_markdown
 from sim.app.reports.fleet_text import fleet_text
 from sim.app.reports.plan_page import answer_lines
 from sim.app.runs.axes import AUTO_DISAGG, PLAN_AXES, disagg_value
@@ -247,3 +248,11 @@ def test_a_cache_that_a_pool_cannot_take_fails_that_cell_only(tmp_path: Path) ->
     assert list(zip(failed["disagg"], failed["prefix_cache"], strict=True)) == [
         ("1P1D", "block")]
     assert "conflicts with disagg" in failed["error"].iloc[0]
+
+
+def test_a_disaggregated_deploy_section_names_the_proxy_not_a_load_balancer() -> None:
+    c = ConfigResult(0, {}, RunConfig(disagg="1P2D"))
+    md = "\n".join(deploy_markdown(deployment(c.scaled(1), 1, "round-robin")))
+    assert md.startswith("1P2D: 3 engines (TP 1) on h100-sxm, behind vLLM's "
+                         "disaggregated-serving proxy")
+    assert "One command per engine:" in md and "load balancer" not in md

@@ -7,7 +7,12 @@ from __future__ import annotations
 import html
 
 from sim.app.reports.markdown import md_inline
-from sim.app.runs.deploy_config import DECIDED_ELSEWHERE, SERVE_FILE, Deployment
+from sim.app.runs.deploy_config import (
+    DECIDED_ELSEWHERE,
+    SERVE_FILE,
+    Deployment,
+    decided_elsewhere,
+)
 
 
 def deploy_markdown(d: Deployment) -> list[str]:
@@ -25,7 +30,9 @@ def deploy_markdown(d: Deployment) -> list[str]:
             d.yaml().rstrip("\n"), "```", "",
             "One command per replica:" if d.disagg is None else "One command per engine:",
             "", "```sh",
-            *d.commands(), "```", "", *[f"- {n}" for n in (*d.notes, DECIDED_ELSEWHERE)]]
+            *d.commands(), "```", "",
+            *[f"- {n}" for n in (*d.notes, DECIDED_ELSEWHERE if d.disagg is None else
+                                 decided_elsewhere("where the proxy and the engines run"))]]
 
 
 def deploy_html(d: Deployment) -> str:

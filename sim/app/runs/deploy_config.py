@@ -37,13 +37,17 @@ GPUS_PER_NODE = 8
 #: servesim's dtype names as vLLM's --dtype spells them.
 VLLM_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
-DECIDED_ELSEWHERE = (
-    "servesim does not decide the networking (the load balancer in front of the replicas, "
-    "its health checks and timeouts, TLS, ports), the autoscaler's settings (the plan "
-    "sizes a fixed fleet for one target rate), which machines are the nodes (the commands "
-    f"assume {GPUS_PER_NODE} GPUs each), the "
-    "container image and vLLM version, nor the tokenizer, chat template and sampling "
-    "defaults: the YAML pins the engine's batch and memory settings only.")
+def decided_elsewhere(front: str = "the load balancer in front of the replicas") -> str:
+    """What servesim leaves to the operator, ``front`` being what routes the requests."""
+    return (f"servesim does not decide the networking ({front}, its health checks and "
+            "timeouts, TLS, ports), the autoscaler's settings (the plan sizes a fixed fleet "
+            "for one target rate), which machines are the nodes (the commands assume "
+            f"{GPUS_PER_NODE} GPUs each), the container image and vLLM version, nor the "
+            "tokenizer, chat template and sampling defaults: the YAML pins the engine's "
+            "batch and memory settings only.")
+
+
+DECIDED_ELSEWHERE = decided_elsewhere()
 
 
 @dataclass(frozen=True)
