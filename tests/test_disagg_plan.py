@@ -5,7 +5,6 @@ GPUs counted as (x + y) x TP a unit."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from sim.app.runs.deploy_config import deployment
 from sim.app.runs.load_search import SLO, Probe, ProbeTask, SearchResult
 from sim.app.runs.plan import PlanResult, choose
 from sim.app.runs.plan_spec import ConfigResult, PlanSpec, candidates
-from sim.app.runs.runner import RunConfig, prepare
+from sim.app.runs.runner import RunConfig
 from sim.app.runs.sweep import Grid, cell_config, grid_base
 from tests.test_plan import fixed_trace
 
@@ -173,25 +172,21 @@ def test_a_disaggregated_deployment_starts_every_engine_of_both_pools() -> None:
 
 
 def test_each_pool_on_its_own_gpu_type_and_own_batch_limits() -> None:
-    # 1P1D with the prefill pool on A100s at TP 2 and both pools at TP 2: one node per GPU
-    # type; the A100 engine runs vLLM's A100 batch defaults, which the H100 YAML does not
-    # carry, so its command sets them.
+    # 1P1D with the prefill pool on A100s, both pools at TP 2: one node per GPU type. By
+    # vLLM's API-server defaults (sim/app/runs/defaults.py) an A100 engine runs 256
+    # sequences and 2,048 tokens a step, the H100 YAML 1,024 and 8,192, so the A100
+    # engine's command sets its own; both set TP 2 over the YAML's TP 1.
     c = ConfigResult(0, {}, RunConfig(model="llama-3.1-8b", disagg="1P1D",
                                       prefill_gpu="a100-80gb",
                                       prefill_tensor_parallel_size=2,
                                       decode_tensor_parallel_size=2))
     d = deployment(c.scaled(1), 1, "round-robin")
-    prep = prepare(dataclasses.replace(c.config, num_requests=1))
-    assert prep.pools is not None
-    own = prep.pools["prefill"].scheduler
-    assert (own.max_num_seqs, own.max_num_batched_tokens) != (
-        d.serve["max_num_seqs"], d.serve["max_num_batched_tokens"])
+    assert (d.serve["max_num_seqs"], d.serve["max_num_batched_tokens"]) == (1024, 8192)
+    serve = "vllm serve --config vllm_serve.yaml --tensor-parallel-size 2"
     assert d.commands() == [
-        f"CUDA_VISIBLE_DEVICES=0,1 vllm serve --config vllm_serve.yaml --tensor-parallel-size "
-        f"2 --max-num-seqs {own.max_num_seqs} --max-num-batched-tokens "
-        f"{own.max_num_batched_tokens} --port 8000  # node 1 (a100-80gb)",
-        "CUDA_VISIBLE_DEVICES=0,1 vllm serve --config vllm_serve.yaml --tensor-parallel-size "
-        "2 --port 8000  # node 2"]
+        f"CUDA_VISIBLE_DEVICES=0,1 {serve} --max-num-seqs 256 --max-num-batched-tokens 2048 "
+        "--port 8000  # node 1 (a100-80gb)",
+        f"CUDA_VISIBLE_DEVICES=0,1 {serve} --port 8000  # node 2"]
     assert "1P1D, 2 engines, prefill TP 2 on a100-80gb, decode TP 2" in d.yaml()
 
 

@@ -1,5 +1,5 @@
 """Heterogeneous pools (``--prefill-gpu``, ``--decode-tensor-parallel-size``, ...;
-sim/app/runs/disagg.py prepare_pool): each pool's engines get the KV pool and the cost
+sim/app/runs/disagg.py pool_engines): each pool's engines get the KV pool and the cost
 model an aggregated run on that GPU and TP gets, the KV transfer between different TPs
 moves total / min(TP_p, TP_d) bytes a port pair, num_gpus counts x x TP_p + y x TP_d,
 and bad input is one line naming the pool's field."""
@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 from calibration.roofline import RooflineCostModel
 from sim.app.cli.main import app
-from sim.app.runs.disagg import prepare_pool
 from sim.app.runs.run_config import RunConfig
 from sim.app.runs.runner import prepare, simulate_prepared
 
@@ -59,7 +58,8 @@ def test_transfer_moves_total_over_the_smaller_tp(pools: dict[str, int], min_tp:
 def test_pool_on_another_gpu_and_tp_gets_that_aggregated_engine() -> None:
     prep = prepare(RunConfig(disagg="1P1D", num_requests=4, decode_gpu="h200-sxm",
                              decode_tensor_parallel_size=2))
-    decode, prefill = prepare_pool(prep, "decode"), prepare_pool(prep, "prefill")
+    assert prep.pools is not None
+    decode, prefill = prep.pools["decode"], prep.pools["prefill"]
     alone = prepare(RunConfig(num_requests=4, gpu="h200-sxm", tensor_parallel_size=2))
     assert decode.num_gpu_blocks == alone.num_gpu_blocks > prep.num_gpu_blocks
     assert decode.cost_model == alone.cost_model  # the roofline of H200 at TP 2
@@ -78,7 +78,8 @@ def test_pool_gpu_takes_its_own_fitted_compute_efficiency_and_memory_share() -> 
     prep = prepare(RunConfig(disagg="1P1D", prefill_gpu="l40s",
                              prefill_gpu_memory_utilization=0.5, **limits))  # type: ignore[arg-type]
     alone = prepare(RunConfig(gpu="l40s", gpu_memory_utilization=0.5, **limits))  # type: ignore[arg-type]
-    pool = prepare_pool(prep, "prefill")
+    assert prep.pools is not None
+    pool = prep.pools["prefill"]
     assert isinstance(pool.cost_model, RooflineCostModel)
     assert isinstance(prep.cost_model, RooflineCostModel)
     assert pool.cost_model.compute_efficiency != prep.cost_model.compute_efficiency

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sim.app.runs.plan import PlanResult
 from sim.app.runs.plan_spec import ConfigResult
-from sim.app.runs.pools import POOLS, pool_value
+from sim.app.runs.pools import POOLS, pool_devices_text, pool_value
 
 
 def knobs_text(c: ConfigResult) -> str:
@@ -26,12 +26,8 @@ def devices_text(c: ConfigResult) -> str:
     decode TP 1 on h200-sxm"."""
     if c.pools is None:
         return f"TP {c.tp}"
-    pools = [(pool_value(c.config, p, "tensor_parallel_size"), getattr(c.config, f"{p}_gpu"))
-             for p in POOLS]
-    if len(set(pools)) == 1 and pools[0][1] is None:
-        return f"TP {pools[0][0]}"
-    return ", ".join(f"{p} TP {tp}" + (f" on {gpu}" if gpu else "")
-                     for p, (tp, gpu) in zip(POOLS, pools, strict=True))
+    return pool_devices_text(tuple((pool_value(c.config, p, "tensor_parallel_size"),
+                                    getattr(c.config, f"{p}_gpu")) for p in POOLS))
 
 
 def fleet_text(c: ConfigResult, r: int) -> str:

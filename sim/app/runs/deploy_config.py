@@ -18,7 +18,13 @@ from typing import Any
 
 from sim.app.runs.out_dir import YAML_MARK
 from sim.app.runs.plan import PlanResult
-from sim.app.runs.pools import POOLS, link_spec, parse_disagg, pool_value
+from sim.app.runs.pools import (
+    POOLS,
+    link_spec,
+    parse_disagg,
+    pool_devices_text,
+    pool_value,
+)
 from sim.app.runs.runner import Prepared, RunConfig, prepare
 
 SERVE_FILE = "vllm_serve.yaml"
@@ -87,13 +93,9 @@ class Deployment:
         h200-sxm, decode TP 1" ("" for an aggregated one)."""
         if not self.engines:
             return ""
-        pools = list(dict.fromkeys((tp, gpu) for tp, _, gpu in self.engines))
-        if len(pools) == 1 and not pools[0][1]:
-            return f"TP {pools[0][0]}"
         # prefill engines first: the first engine is a prefill one, the last a decode one
-        by_pool = zip(POOLS, (self.engines[0], self.engines[-1]), strict=True)
-        return ", ".join(f"{p} TP {tp}" + (f" on {gpu}" if gpu else "")
-                         for p, (tp, _, gpu) in by_pool)
+        return pool_devices_text(tuple((tp, gpu) for tp, _, gpu in
+                                       (self.engines[0], self.engines[-1])))
 
     def commands(self) -> list[str]:
         """The shell command per replica (per engine, with its pool's flags, for a

@@ -98,13 +98,6 @@ def pool_engines(cfg: RunConfig, run: tuple[RunConfig, SchedulerConfig, CostMode
     return out
 
 
-def prepare_pool(prep: PreparedRun, pool: str) -> PoolEngine:
-    """``pool``'s ("prefill" or "decode") engine of a prepared disaggregated run
-    (pool_engines)."""
-    assert prep.pools is not None, "a prepared disaggregated run has its pools"
-    return prep.pools[pool]
-
-
 def kv_transfer_bytes_per_token(prefill: PoolEngine, decode: PoolEngine,
                                 block_size: int) -> float:
     """KV bytes a prompt token moves between a prefill engine's port and a decode
@@ -133,17 +126,18 @@ def simulate_disagg_prepared(prep: PreparedRun,
                              progress: Callable[[int], None] | None = None,
                              fast_path: bool = True, watched: object = None) -> SimResult:
     """Simulate ``prep``'s workload through its xPyD pools (sim/disagg/system.py), each
-    pool's engines as the runner prepared them (pool_engines); summary.json's ``disagg`` block gains
-    each pool's gpu, tensor_parallel_size and num_gpu_blocks. ``watched``: a step
-    observer or executor, refused (ValueError): the pools' engines take neither.
-    """
+    pool's engines as the runner prepared them (pool_engines); summary.json's
+    ``disagg`` block gains each pool's gpu, tensor_parallel_size and num_gpu_blocks.
+    ``watched``: a step observer or executor, refused (ValueError): the pools' engines
+    take neither."""
     if watched is not None:
         raise ValueError("a step observer (slot diagram) or executor (validation) needs "
                          "an aggregated run (no --disagg)")
     cfg, w = prep.config, prep.workload
     assert cfg.disagg is not None and cfg.block_size is not None, "a checked disagg run"
     x, y = parse_disagg(cfg.disagg)
-    engines = {name: prepare_pool(prep, name) for name in POOLS}
+    engines = prep.pools
+    assert engines is not None, "the runner prepares a disaggregated run's pools"
     arrivals = ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
                               w.max_tokens, w.priority, w.request_id)
     span = float(w.arrival_time[-1] - w.arrival_time[0]) if len(w) else 0.0

@@ -125,24 +125,19 @@ def choose(spec: PlanSpec, configs: list[ConfigResult],
     checks: dict[int, list[ClusterCheck]] = {}
     if not ok or spec.target is None:
         return (ok[0] if ok else None), checks, None
+    # The three best estimates, each confirmed: the cluster search may confirm far below
+    # an estimate (a router smooths each replica's arrivals), so none bounds the others;
+    # and each kind's best estimate (aggregated, disaggregated), when not among them.
+    kind_best: dict[bool, ConfigResult] = {}
+    for c in ok:
+        kind_best.setdefault(c.pools is None, c)
+    picked = ok[:3] + [c for c in kind_best.values() if all(c is not d for d in ok[:3])]
     best: ConfigResult | None = None
     best_gpus = math.inf
-
-    def confirm(c: ConfigResult) -> None:
-        nonlocal best, best_gpus
+    for c in picked:
         n, checks[c.index] = confirm_replicas(spec, c, runner)
         if n is not None and n * c.gpus_per_replica < best_gpus:
             best, best_gpus = c, n * c.gpus_per_replica
-
-    # The three best estimates, each confirmed: the cluster search may confirm far below
-    # an estimate (a router smooths each replica's arrivals), so none bounds the others.
-    for c in ok[:3]:
-        confirm(c)
-    kinds = {c.pools is None for c in ok}
-    for aggregated in sorted(kinds) if len(kinds) > 1 else ():
-        first = next(c for c in ok if (c.pools is None) == aggregated)
-        if first.index not in checks:
-            confirm(first)
     if best is None:
         return ok[0], checks, None
     return best, checks, int(best_gpus // best.gpus_per_replica)

@@ -13,7 +13,6 @@ import re
 from typing import Any
 
 from calibration.gpus import get_gpu
-from sim.app.runs.device import CPU_DEVICE
 from sim.config import SchedulerConfig
 from sim.disagg.link_spec import GBIT, KV_LINKS, LinkSpec
 
@@ -100,11 +99,11 @@ def _check_ints(cfg: Any) -> None:
 
 def _check_devices(cfg: Any) -> None:
     """Each pool's own device (ValueError naming the pool's field): a GPU preset or spec
-    file (calibration/gpus.py get_gpu), a memory share in (0, 1]; with --profile, no GPU
-    of the pool's own and TP 1 (a profile's step costs were measured on its one device),
-    and no memory share on a profile's CPU (vLLM's CPU engine budgets no GPU memory)."""
+    file (calibration/gpus.py get_gpu) and a memory share in (0, 1]. What a device cannot
+    run (a profile's one device, weights that do not fit) is the runner's engine check on
+    the pool's own config (disagg.pool_engines names the pool)."""
     for pool in POOLS:
-        gpu, tp, util = (getattr(cfg, f"{pool}_{f}") for f in DEVICE_FIELDS)
+        gpu, _, util = (getattr(cfg, f"{pool}_{f}") for f in DEVICE_FIELDS)
         if util is not None and (isinstance(util, bool) or not isinstance(util, int | float)
                                  or not 0 < util <= 1):
             raise ValueError(f"{pool}_gpu_memory_utilization must be in (0, 1], got {util!r}")
@@ -113,19 +112,6 @@ def _check_devices(cfg: Any) -> None:
                 get_gpu(str(gpu))
             except ValueError as e:
                 raise ValueError(f"{pool}_gpu: {e}") from None
-        if cfg.profile is None:
-            continue
-        if gpu is not None:
-            raise ValueError(f"{pool}_gpu {gpu} conflicts with --profile {cfg.profile}: "
-                             "its step costs were measured on one device; give the pools "
-                             "no GPU of their own, or use the roofline model")
-        if tp not in (None, 1):
-            raise ValueError(f"{pool}_tensor_parallel_size must be 1 with a profile: "
-                             "calibrated profiles are measured on one GPU (use the roofline "
-                             "model)")
-        if util is not None and cfg.gpu == CPU_DEVICE:
-            raise ValueError(f"{pool}_gpu_memory_utilization applies to a GPU; on --profile "
-                             f"{cfg.profile}'s CPU the KV cache is the profile's")
 
 
 def pool_value(cfg: Any, pool: str, field: str) -> Any:
@@ -144,6 +130,16 @@ def pool_run_config(cfg: Any, pool: str) -> Any:
         return None
     device = {f: pool_value(cfg, pool, f) for f in DEVICE_FIELDS}
     return dataclasses.replace(cfg, disagg=None, **dict.fromkeys(DISAGG_FIELDS), **device)
+
+
+def pool_devices_text(devices: tuple[tuple[int, str | None], ...]) -> str:
+    """The two pools' engines by TP and GPU (``devices``: (TP, the pool's own GPU or
+    None) for the prefill pool, then the decode pool): "TP 2" when they match on the
+    run's GPU, else "prefill TP 2 on h200-sxm, decode TP 1"."""
+    if len(set(devices)) == 1 and not devices[0][1]:
+        return f"TP {devices[0][0]}"
+    return ", ".join(f"{p} TP {tp}" + (f" on {gpu}" if gpu else "")
+                     for p, (tp, gpu) in zip(POOLS, devices, strict=True))
 
 
 def link_spec(cfg: Any) -> LinkSpec:
