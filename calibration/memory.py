@@ -12,12 +12,14 @@ gpu_worker.py) and memory_profiling (vllm/utils/mem_utils.py) as of vLLM 0.19-0.
 
 weights include the rotary cos/sin cache vLLM builds at load time; the activation peak is
 that of profile_run (a dummy forward of max_num_batched_tokens tokens, then the dummy
-sampler over max_num_seqs rows). CUDA-graph memory is not deducted: through vLLM 0.20 it is
-captured after the KV cache is sized and comes out of the 1 - gpu_memory_utilization
-headroom; from 0.21 vLLM deducts its estimate by default (VLLM_MEMORY_PROFILER_ESTIMATE_
-CUDAGRAPHS, "default since v0.21.0" in vLLM 0.32's gpu_worker.py), which servesim does not
-model (docs/fidelity.md shows the effect on a 0.28 log). ``kv_cache_memory_bytes`` (vLLM's
---kv-cache-memory) replaces the whole computation, as vLLM's does.
+sampler over max_num_seqs rows). From vLLM 0.21 the KV cache also gives up vLLM's estimate
+of the CUDA graphs' memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, "default since
+v0.21.0" in vLLM 0.32's gpu_worker.py; calibration/cuda_graphs.py); through 0.20, or with
+--enforce-eager, nothing is deducted for them (plan_for's ``cuda_graphs``). vLLM 0.32
+counts the profile's consumption as the drop in free memory plus the transient peak
+(vllm/utils/mem_utils.py), the same sum as 0.19's weights + peak + non-torch increase.
+``kv_cache_memory_bytes`` (vLLM's --kv-cache-memory) replaces the whole computation, as
+vLLM's does.
 
 All sizes in bytes.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from calibration.cuda_graphs import cudagraph_memory_bytes
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 
@@ -113,8 +116,10 @@ class KVCachePlan:
     """The KV-cache budget of one GPU (bytes, blocks, tokens).
 
     requested_bytes = ceil(total * gpu_memory_utilization); kv_bytes = requested_bytes -
-    weights_bytes - activation_bytes - non_torch_bytes; num_gpu_blocks = kv_bytes //
-    (block_size * kv_bytes_per_token); kv_capacity_tokens = num_gpu_blocks * block_size.
+    weights_bytes - activation_bytes - non_torch_bytes - cudagraph_bytes; num_gpu_blocks =
+    kv_bytes // (block_size * kv_bytes_per_token); kv_capacity_tokens = num_gpu_blocks *
+    block_size. cudagraph_bytes: vLLM's CUDA-graph estimate where it deducts one (0 with
+    --enforce-eager, before vLLM 0.21, or on a CPU).
     """
 
     num_gpu_blocks: int
@@ -126,6 +131,7 @@ class KVCachePlan:
     activation_bytes: int
     non_torch_bytes: int
     kv_bytes: int
+    cudagraph_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -149,27 +155,33 @@ def plan_kv_cache(
     block_size: int,
     *,
     weights_bytes: int = 0,
+    cudagraph_bytes: int = 0,
 ) -> KVCachePlan:
     """Cut the memory left after the profile run's peak into KV blocks.
 
     peak_memory_bytes: weights + activation peak; weights_bytes: the part of it that is
     weights, when known (it only splits the peak in the plan's fields; 0 puts all of it under
-    activation_bytes). Raises ValueError naming the field for gpu_memory_utilization outside
-    (0, 1] or a non-positive size, and one line naming gpu_memory_utilization with the
-    numbers in GiB when not even one block fits (weights + activations don't fit).
+    activation_bytes); cudagraph_bytes: the CUDA graphs' estimate vLLM >= 0.21 deducts
+    (calibration/cuda_graphs.py), 0 where none is. Raises ValueError naming the field for
+    gpu_memory_utilization outside (0, 1] or a non-positive size, and one line naming
+    gpu_memory_utilization with the numbers in GiB when not even one block fits.
     """
     _check_plan_args(total_gpu_memory_bytes, gpu_memory_utilization, peak_memory_bytes,
                      non_torch_bytes, kv_bytes_per_token, block_size, weights_bytes)
+    if cudagraph_bytes < 0:
+        raise ValueError(f"cudagraph_bytes must be >= 0, got {cudagraph_bytes}")
     # vLLM rounds the request up (request_memory in vllm/v1/worker/utils.py).
     requested = math.ceil(total_gpu_memory_bytes * gpu_memory_utilization)
-    kv_bytes = requested - peak_memory_bytes - non_torch_bytes
+    kv_bytes = requested - peak_memory_bytes - non_torch_bytes - cudagraph_bytes
     num_gpu_blocks = max(kv_bytes, 0) // (block_size * kv_bytes_per_token)
     if num_gpu_blocks < 1:
         raise ValueError(
             f"gpu_memory_utilization {gpu_memory_utilization} leaves no room for the KV cache: "
             f"{requested / GIB:.2f} GiB requested of {total_gpu_memory_bytes / GIB:.2f} GiB, "
-            f"weights + activations take {peak_memory_bytes / GIB:.2f} GiB and non-torch "
-            f"memory {non_torch_bytes / GIB:.2f} GiB, leaving {kv_bytes / GIB:.2f} GiB "
+            f"weights + activations take {peak_memory_bytes / GIB:.2f} GiB, non-torch "
+            f"memory {non_torch_bytes / GIB:.2f} GiB"
+            + (f" and CUDA graphs {cudagraph_bytes / GIB:.2f} GiB" if cudagraph_bytes else "")
+            + f", leaving {kv_bytes / GIB:.2f} GiB "
             f"(one block needs {block_size * kv_bytes_per_token / GIB:.4f} GiB); raise "
             "gpu_memory_utilization or use a larger GPU, more tensor parallelism or a smaller model"
         )
@@ -183,6 +195,7 @@ def plan_kv_cache(
         activation_bytes=peak_memory_bytes - weights_bytes,
         non_torch_bytes=non_torch_bytes,
         kv_bytes=kv_bytes,
+        cudagraph_bytes=cudagraph_bytes,
     )
 
 
@@ -217,6 +230,7 @@ def plan_for(
     non_torch_bytes: int | None = None,
     tensor_parallel_size: int = 1,
     kv_cache_memory_bytes: int | None = None,
+    cuda_graphs: bool = False,
 ) -> KVCachePlan:
     """The plan for a model on a GPU, per GPU of a tensor-parallel group, budgeted against
     the memory torch reports (gpu.total_memory_bytes): weights / N (every matrix is sharded;
@@ -224,9 +238,11 @@ def plan_for(
     peak, non-torch memory (default_non_torch_bytes(N) unless given) and the per-GPU KV
     bytes per token. kv_cache_memory_bytes, when given, is the KV cache's size as vLLM's
     --kv-cache-memory sets it: gpu_memory_utilization and the profile are then not used for
-    it, nor ``gpu`` (None: a device without a GPU spec, which needs it). Raises ValueError
-    as plan_kv_cache does, and naming dtype, tensor_parallel_size or
-    kv_cache_memory_bytes when invalid (or missing without a GPU)."""
+    it, nor ``gpu`` (None: a device without a GPU spec, which needs it). ``cuda_graphs``:
+    also deduct the CUDA graphs' memory, as vLLM >= 0.21 does unless --enforce-eager
+    (cudagraph_memory_bytes for model.num_layers; not with kv_cache_memory_bytes, which
+    sizes the pool itself). Raises ValueError as plan_kv_cache does, and naming dtype,
+    tensor_parallel_size or kv_cache_memory_bytes when invalid (or missing without a GPU)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     dtype_bytes = DTYPE_BYTES[dtype]
@@ -243,6 +259,8 @@ def plan_for(
                               weights, activations, non_torch)
     if gpu is None:
         raise ValueError("kv_cache_memory_bytes: a device without a GPU spec needs it")
+    graphs = (cudagraph_memory_bytes(model.num_layers, max_num_seqs, max_num_batched_tokens)
+              if cuda_graphs else 0)
     return plan_kv_cache(
         gpu.total_memory_bytes,
         gpu_memory_utilization,
@@ -251,6 +269,7 @@ def plan_for(
         kv_per_token,
         block_size,
         weights_bytes=weights,
+        cudagraph_bytes=graphs,
     )
 
 

@@ -35,10 +35,18 @@ def row_model(row: dict[str, Any]) -> ModelSpec:
     return dataclasses.replace(spec, kv_cache_dtype=row.get("kv_cache_dtype", "auto"))
 
 
+def deducts_cuda_graphs(vllm_version: str) -> bool:
+    """Whether that vLLM took its CUDA-graph estimate from the KV cache: 0.21 and later
+    (calibration/cuda_graphs.py); "0.6.4 (V0)" reads as 0.6.4."""
+    major, minor = (int(part) for part in vllm_version.split()[0].split(".")[:2])
+    return (major, minor) >= (0, 21)
+
+
 def plan_row(row: dict[str, Any]) -> KVCachePlan:
     """servesim's plan for one logged start-up: the logged settings and device total; the
-    model from its preset or inline spec; servesim's own weights, activation peak and
-    (unless the V0 log states it) non-torch memory."""
+    model from its preset or inline spec; servesim's own weights, activation peak, CUDA-graph
+    estimate (where that vLLM deducts one) and (unless the V0 log states it) non-torch
+    memory."""
     spec = row_model(row)
     # Only the memory is read by the plan; the rates are placeholders.
     gpu = GPUSpec(row["gpu"], row["total_memory_bytes"], 1e12, 1e12, 1e12, 1e12,
@@ -49,6 +57,7 @@ def plan_row(row: dict[str, Any]) -> KVCachePlan:
         row["max_num_seqs"], row["block_size"],
         non_torch_bytes=None if non_torch is None else round(non_torch * GIB),
         tensor_parallel_size=row["tensor_parallel_size"],
+        cuda_graphs=deducts_cuda_graphs(row["vllm_version"]),
     )
 
 
@@ -64,6 +73,13 @@ def test_the_table_covers_versions_and_gpus() -> None:
 @pytest.mark.parametrize("row", CHECKED, ids=[row["id"] for row in CHECKED])
 def test_plan_within_5_percent_of_vllm(row: dict[str, Any]) -> None:
     assert plan_row(row).num_gpu_blocks == pytest.approx(row["num_gpu_blocks"], rel=0.05)
+
+
+def test_only_vllm_0_21_and_later_deduct_cuda_graphs() -> None:
+    # vLLM 0.32's gpu_worker.py: "CUDA graph memory profiling is enabled (default since
+    # v0.21.0)"; the 0.19 H100 logs print the estimate and leave it in the KV cache.
+    assert [deducts_cuda_graphs(v) for v in ("0.6.4 (V0)", "0.10.1.1", "0.19.0", "0.20.2",
+                                             "0.21.0", "0.28.0")] == [False] * 4 + [True] * 2
 
 
 def test_rtx_4090_within_2_percent() -> None:

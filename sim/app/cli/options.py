@@ -99,6 +99,10 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "Cap of one request's prefill chunk per step (0 = off).", "0,512,2048"),
     Opt("scheduler_reserve_full_isl", bool, True,
         "Admit only if all of a request's tokens fit in the free pool."),
+    Opt("enforce_eager", bool, False,
+        "vLLM's --enforce-eager: no CUDA graphs, so the KV cache keeps the memory vLLM "
+        ">= 0.21 sets aside for them (0.5-2 GiB a GPU). Step times are still priced for "
+        "CUDA graphs."),
     Opt("max_tokens", int | None, None, "Client cap on output tokens for every request."),
     Opt("step_time", float | None, None,
         "Constant step time in seconds instead of a cost model."),

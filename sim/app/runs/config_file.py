@@ -197,6 +197,7 @@ VLLM_KEYS: Mapping[str, tuple[str, Callable[[Any], tuple[Any, str] | None]]] = {
     "dtype": ("dtype", _dtype),
     "num_gpu_blocks_override": ("num_gpu_blocks", _integer),
     "long_prefill_token_threshold": ("long_prefill_token_threshold", _integer),
+    "enforce_eager": ("enforce_eager", _same),
 }
 
 

@@ -155,6 +155,8 @@ def serve_keys(prep: Prepared) -> dict[str, Any]:
         keys["long_prefill_token_threshold"] = sched.long_prefill_token_threshold
     if cfg.num_gpu_blocks is not None:
         keys["num_gpu_blocks_override"] = cfg.num_gpu_blocks
+    if cfg.enforce_eager:
+        keys["enforce_eager"] = True
     return keys
 
 

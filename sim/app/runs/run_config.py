@@ -85,6 +85,7 @@ class RunConfig:
     kv_cache_memory_bytes: int | None = None
     long_prefill_token_threshold: int = 0
     scheduler_reserve_full_isl: bool = True
+    enforce_eager: bool = False
     max_tokens: int | None = None
     step_time: float | None = None
     profile: str | None = None

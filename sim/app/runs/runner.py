@@ -205,7 +205,8 @@ def _engine(cfg: RunConfig) -> _Engine:
     assert cfg.dtype is not None, "RunConfig resolves the dtype"
     plan = plan_for(model, gpu, cfg.dtype, cfg.gpu_memory_utilization, tokens,
                     cfg.max_num_seqs, cfg.block_size,
-                    tensor_parallel_size=cfg.tensor_parallel_size, kv_cache_memory_bytes=kv_bytes)
+                    tensor_parallel_size=cfg.tensor_parallel_size, kv_cache_memory_bytes=kv_bytes,
+                    cuda_graphs=not cfg.enforce_eager)
     num_blocks = _num_gpu_blocks(cfg, plan, max_model_len, gpu)
     sched = _scheduler_config(cfg, model, max_model_len, tokens)
     cfg, cost, label = _cost_model(cfg, model, gpu, profile)
