@@ -23,18 +23,27 @@ from calibration.specs import GIB
 MIB = 1 << 20
 
 DEFAULT_MAX_CAPTURE_SIZE = 512
-"""vLLM's largest default capture size (1,024 on data-centre Blackwell, which servesim's
-presets do not tell apart: a B200's estimate is low by its extra graphs)."""
+"""vLLM's largest default capture size; 1,024 on data-centre Blackwell (compute capability
+family 100), BLACKWELL_MAX_CAPTURE_SIZE."""
+
+BLACKWELL_MAX_CAPTURE_SIZE = 1024
+
+BLACKWELL_DATA_CENTRE_GPUS = frozenset({"b200"})
+"""GPU presets of compute capability 10.x, where vLLM's largest capture size is 1,024."""
 
 CUDA_GRAPH_FIRST_CAPTURE_BYTES = round(0.31 * GIB)
-"""The two modes' first captures together (FULL_AND_PIECEWISE, vLLM's default mode).
+"""The first-capture term (FULL_AND_PIECEWISE, vLLM's default mode, measures a first capture
+for each mode; the fit lumps them into one constant).
 
 Fitted with CUDA_GRAPH_BYTES_PER_GRAPH_LAYER by least squares to the "Estimated CUDA graph
 memory: X GiB total" line of 42 vLLM 0.19.0 start-up logs on an H100 80GB (llm-d-planner,
 accuracy/results/v0.19.0/logs at commit d3121e05: 2B to 72B models, dense and MoE, TP 1-4,
-PP 1-4, all with 51 graphs of each mode): median absolute error 0.10 GiB. vLLM's own
-estimate rests on one sample per mode and scatters as much (Llama-3.1-8B: 0.84 GiB at TP 1,
-1.69 at TP 2, 0.57 at TP 4)."""
+PP 1-4): median absolute error 0.10 GiB. vLLM's own estimate rests on one sample per mode
+and scatters as much (Llama-3.1-8B: 0.84 GiB at TP 1, 1.69 at TP 2, 0.57 at TP 4). Every
+fitted log has 51 graphs of each mode, so the fit separates layers, not graph counts: the
+per-graph scaling to other counts is vLLM's rule (first capture + (n - 1) x the second's
+increase), the per-layer cost an assumption checked only by the two vLLM 0.28 rows of
+docs/fidelity.md (128 sequences: 35 piecewise and 19 full graphs)."""
 
 CUDA_GRAPH_BYTES_PER_GRAPH_LAYER = round(0.174 * MIB)
 """Memory each graph after a mode's first holds, per decoder layer it replays (fitted with
@@ -69,8 +78,14 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
     return sorted(sizes)
 
 
-def cudagraph_memory_bytes(num_layers: int, max_num_seqs: int,
-                           max_num_batched_tokens: int) -> int:
+def max_capture_size(gpu_name: str) -> int:
+    """vLLM's largest default capture size on the GPU preset ``gpu_name``."""
+    return (BLACKWELL_MAX_CAPTURE_SIZE if gpu_name in BLACKWELL_DATA_CENTRE_GPUS
+            else DEFAULT_MAX_CAPTURE_SIZE)
+
+
+def cudagraph_memory_bytes(num_layers: int, max_num_seqs: int, max_num_batched_tokens: int,
+                           max_capture: int = DEFAULT_MAX_CAPTURE_SIZE) -> int:
     """vLLM's CUDA-graph memory estimate for one GPU, the amount it deducts from the KV
     cache (vLLM >= 0.21, without --enforce-eager):
 
@@ -79,12 +94,12 @@ def cudagraph_memory_bytes(num_layers: int, max_num_seqs: int,
     P = len(cudagraph_capture_sizes(...)) piecewise graphs (any batch), F of them no
     larger than max_num_seqs as full graphs (uniform decode batches: vLLM's
     CudagraphDispatcher in vllm/v1/cudagraph_dispatcher.py), first =
-    CUDA_GRAPH_FIRST_CAPTURE_BYTES. Llama-3.1-8B on an H100 with vLLM's defaults:
-    0.31 GiB + 32 x 0.174 MiB x 100 = 0.85 GiB (vLLM 0.19 logs 0.84). Raises ValueError
-    naming a non-positive argument."""
+    CUDA_GRAPH_FIRST_CAPTURE_BYTES; max_capture: max_capture_size(gpu). Llama-3.1-8B on
+    an H100 with vLLM's defaults: 0.31 GiB + 32 x 0.174 MiB x 100 = 0.85 GiB (vLLM 0.19
+    logs 0.84). Raises ValueError naming a non-positive argument."""
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens)
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, max_capture)
     num_full = sum(1 for n in sizes if n <= max_num_seqs)
     further = (len(sizes) - 1) + max(num_full - 1, 0)
     return CUDA_GRAPH_FIRST_CAPTURE_BYTES + CUDA_GRAPH_BYTES_PER_GRAPH_LAYER * num_layers * further

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from calibration.cuda_graphs import cudagraph_memory_bytes
+from calibration.cuda_graphs import cudagraph_memory_bytes, max_capture_size
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 
@@ -259,8 +259,8 @@ def plan_for(
                               weights, activations, non_torch)
     if gpu is None:
         raise ValueError("kv_cache_memory_bytes: a device without a GPU spec needs it")
-    graphs = (cudagraph_memory_bytes(model.num_layers, max_num_seqs, max_num_batched_tokens)
-              if cuda_graphs else 0)
+    graphs = (cudagraph_memory_bytes(model.num_layers, max_num_seqs, max_num_batched_tokens,
+                                     max_capture_size(gpu.name)) if cuda_graphs else 0)
     return plan_kv_cache(
         gpu.total_memory_bytes,
         gpu_memory_utilization,

@@ -13,6 +13,7 @@ from calibration.cuda_graphs import (
     CUDA_GRAPH_FIRST_CAPTURE_BYTES,
     cudagraph_capture_sizes,
     cudagraph_memory_bytes,
+    max_capture_size,
 )
 from calibration.gpus import get_gpu
 from calibration.memory import plan_for
@@ -82,3 +83,14 @@ def test_a_vllm_serve_yaml_sets_enforce_eager(tmp_path) -> None:  # type: ignore
     path = tmp_path / "serve.yaml"
     path.write_text("model: meta-llama/Llama-3.1-8B\nenforce-eager: true\n")
     assert read_config(path, {"model", "enforce_eager"}).values["enforce_eager"] is True
+
+
+def test_data_centre_blackwell_captures_up_to_1024() -> None:
+    # vLLM's default largest size is 1,024 on compute capability 10.x: 1, 2, 4, 8..248
+    # (31), 256..1024 every 16 (49) = 83 sizes; H100 stays at 51.
+    assert len(cudagraph_capture_sizes(1024, 8192, max_capture_size("b200"))) == 83
+    assert max_capture_size("h100-sxm") == 512
+    model = get_model("llama-3.1-8b")
+    b200 = plan_for(model, get_gpu("b200"), "bf16", 0.9, 8192, 1024, 16, cuda_graphs=True)
+    assert b200.cudagraph_bytes == (CUDA_GRAPH_FIRST_CAPTURE_BYTES
+                                    + CUDA_GRAPH_BYTES_PER_GRAPH_LAYER * 32 * (82 + 82))

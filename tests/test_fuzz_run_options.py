@@ -322,7 +322,7 @@ def pool_edge(draw: st.DrawFn) -> dict[str, str]:
 
 @FUZZ
 @given(n=NUM_REQUESTS, given_=st.fixed_dictionaries({}, optional=ENGINE) | pool_edge())
-@example(n="5", given_={"max-model-len": "427632", "allow-long-max-model-len":
+@example(n="5", given_={"max-model-len": "420640", "allow-long-max-model-len":
                         "--allow-long-max-model-len"})
 @example(n="5", given_={"num-gpu-blocks": "257", "max-model-len": "4097"})
 @example(n="5", given_={"block-size": "8", "max-num-seqs": "10000", "policy": "chunked"})

@@ -101,8 +101,8 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "Admit only if all of a request's tokens fit in the free pool."),
     Opt("enforce_eager", bool, False,
         "vLLM's --enforce-eager: no CUDA graphs, so the KV cache keeps the memory vLLM "
-        ">= 0.21 sets aside for them (0.5-2 GiB a GPU). Step times are still priced for "
-        "CUDA graphs."),
+        ">= 0.21 sets aside for them (about 0.5-1.7 GiB a GPU for the presets). Changes "
+        "the memory plan only, not the step times."),
     Opt("max_tokens", int | None, None, "Client cap on output tokens for every request."),
     Opt("step_time", float | None, None,
         "Constant step time in seconds instead of a cost model."),
