@@ -1,7 +1,7 @@
 """GPU specifications: the GPUSpec record (memory as the label and as the framework reports
-it, bandwidth, dense peak FLOP/s per dtype, interconnect), the GPU presets carried in
-calibration/data/gpus.json with their sources, and GPU spec files (JSON or TOML) a user
-writes for a GPU no preset names.
+it, bandwidth, dense peak FLOP/s per dtype, interconnect, measured GEMM efficiency), the GPU
+presets carried in calibration/data/gpus.json with their sources, and GPU spec files (JSON,
+TOML or YAML) a user writes for a GPU no preset names.
 
 Sizes are in bytes, rates in FLOP/s and bytes/s, times in seconds.
 """
@@ -20,9 +20,9 @@ from calibration.specs import GIB, load_data, require_positive
 FLOPS_DTYPES = ("bf16", "fp16", "fp8", "fp32")
 """The dtypes GPUSpec.peak_flops answers for."""
 
-SPEC_FILE_SUFFIXES = (".json", ".toml")
-"""GPU spec file formats: JSON always, TOML through the standard library's tomllib (Python
-3.11+). YAML is not read: PyYAML is not a dependency of servesim."""
+SPEC_FILE_SUFFIXES = (".json", ".toml", ".yaml", ".yml")
+"""GPU spec file formats: JSON, TOML through the standard library's tomllib (Python 3.11+),
+YAML through PyYAML's safe_load (a dependency of servesim)."""
 
 _REQUIRED_KEYS = (
     "memory_bandwidth_gb_s",
@@ -48,7 +48,11 @@ class GPUSpec:
     interconnect_bandwidth_bytes_per_s: per-GPU all-reduce (bus) bandwidth, i.e. one direction
       of the GPU's links (half the vendor's bidirectional NVLink or PCIe total);
       interconnect_latency_s: fixed cost per all-reduce; both None unless sourced.
-    Raises ValueError naming the field for non-positive numbers.
+    gemm_efficiency: achieved / dense-peak bf16 GEMM throughput of a 7-8B Llama layer's four
+      linear layers at 2,048 tokens, the compute efficiency the roofline prices this GPU at;
+      None: the roofline's default (calibration.roofline.gemm_efficiency).
+    Raises ValueError naming the field for non-positive numbers, a gemm_efficiency outside
+    (0, 1].
     """
 
     name: str
@@ -62,6 +66,7 @@ class GPUSpec:
     source: str = ""
     fp8_flops: float | None = None
     memory_bytes_reported: int | None = None
+    gemm_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         require_positive(
@@ -81,6 +86,10 @@ class GPUSpec:
         if self.interconnect_latency_s is not None and self.interconnect_latency_s < 0:
             raise ValueError(
                 f"GPUSpec.interconnect_latency_s must be >= 0, got {self.interconnect_latency_s}"
+            )
+        if self.gemm_efficiency is not None and not 0.0 < self.gemm_efficiency <= 1.0:
+            raise ValueError(
+                f"GPUSpec.gemm_efficiency must be in (0, 1], got {self.gemm_efficiency}"
             )
 
     @property
@@ -132,6 +141,7 @@ def spec_from_entry(entry: Mapping[str, Any], where: str = "GPU spec") -> GPUSpe
     if missing:
         raise ValueError(f"{where}: missing keys: {', '.join(missing)}")
     reported = entry.get("memory_bytes_reported")
+    gemm = entry.get("gemm_efficiency")
     return GPUSpec(
         name=str(entry["name"]),
         memory_bytes=_memory_bytes(entry, where),
@@ -144,30 +154,48 @@ def spec_from_entry(entry: Mapping[str, Any], where: str = "GPU spec") -> GPUSpe
         source=str(entry.get("source", where)),
         fp8_flops=_scaled(entry, "fp8_tensor_dense_tflops", 1e12),
         memory_bytes_reported=None if reported is None else int(reported),
+        gemm_efficiency=None if gemm is None else float(gemm),
     )
 
 
-def load_gpu_spec(path: str | Path) -> GPUSpec:
-    """Read a GPU spec file: JSON or TOML holding one table with gpus.json's keys (name,
-    memory_gib or memory_bytes, memory_bytes_reported, memory_bandwidth_gb_s,
-    bf16/fp16/fp8_tensor_dense_tflops, fp32_tflops, interconnect_bandwidth_gb_s,
-    interconnect_latency_us). Raises ValueError for a missing file, another suffix, a parse
-    error or missing keys, naming the file."""
-    file = Path(path)
-    if file.suffix.lower() not in SPEC_FILE_SUFFIXES:
-        raise ValueError(f"{file}: a GPU spec file must end in {' or '.join(SPEC_FILE_SUFFIXES)}")
-    if not file.is_file():
-        raise ValueError(f"{file}: no such GPU spec file")
-    text = file.read_text(encoding="utf-8")
+def _suffixes() -> str:
+    """".json, .toml, .yaml or .yml"."""
+    return f"{', '.join(SPEC_FILE_SUFFIXES[:-1])} or {SPEC_FILE_SUFFIXES[-1]}"
+
+
+def _parse(file: Path, text: str) -> Any:
+    """The document in ``text`` by ``file``'s suffix. The parsers are imported here, not at
+    the top, so that ``servesim --help`` does not load them."""
+    suffix = file.suffix.lower()
     try:
-        if file.suffix.lower() == ".toml":
+        if suffix == ".toml":
             import tomllib  # Python 3.11+; servesim itself supports 3.10
 
-            data: Any = tomllib.loads(text)
-        else:
-            data = json.loads(text)
+            return tomllib.loads(text)
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            try:
+                return yaml.safe_load(text)
+            except yaml.YAMLError as e:  # not a ValueError; its text spans lines
+                raise ValueError(" ".join(str(e).split())) from e
+        return json.loads(text)
     except (ValueError, ImportError) as e:
         raise ValueError(f"{file}: cannot read GPU spec: {e}") from e
+
+
+def load_gpu_spec(path: str | Path) -> GPUSpec:
+    """Read a GPU spec file: JSON, TOML or YAML holding one table with gpus.json's keys
+    (name, memory_gib or memory_bytes, memory_bytes_reported, memory_bandwidth_gb_s,
+    bf16/fp16/fp8_tensor_dense_tflops, fp32_tflops, interconnect_bandwidth_gb_s,
+    interconnect_latency_us, gemm_efficiency). Raises ValueError for a missing file, another
+    suffix, a parse error, a document that is not a table or missing keys, naming the file."""
+    file = Path(path)
+    if file.suffix.lower() not in SPEC_FILE_SUFFIXES:
+        raise ValueError(f"{file}: a GPU spec file must end in {_suffixes()}")
+    if not file.is_file():
+        raise ValueError(f"{file}: no such GPU spec file")
+    data = _parse(file, file.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"{file}: a GPU spec file holds one table of keys")
     return spec_from_entry({"name": file.stem, "source": f"GPU spec file {file}", **data},
@@ -192,15 +220,14 @@ def list_gpus() -> list[str]:
 
 def get_gpu(name: str) -> GPUSpec:
     """The preset called ``name`` or one of its aliases (case-insensitive, e.g.
-    "a100-80gb-sxm"), or, when ``name`` ends in .json or .toml, the spec file at that path
-    (load_gpu_spec). ValueError listing the known presets otherwise."""
+    "a100-80gb-sxm"), or, when ``name`` ends in .json, .toml, .yaml or .yml, the spec file at
+    that path (load_gpu_spec). ValueError listing the known presets otherwise."""
     if name.lower().endswith(SPEC_FILE_SUFFIXES):
         return load_gpu_spec(name)
     specs, aliases = _gpu_presets()
     key = name.lower()
     spec = specs.get(aliases.get(key, key))
     if spec is None:
-        raise ValueError(
-            f"unknown GPU {name!r}; known: {', '.join(specs)} (or a .json/.toml spec file)"
-        )
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(specs)} "
+                         f"(or a {'/'.join(SPEC_FILE_SUFFIXES)} spec file)")
     return spec

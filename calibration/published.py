@@ -105,7 +105,7 @@ def fit_constants(steps: Iterable[PublishedStep],
     """The grid point of (memory_efficiency, step_overhead_s, per_seq_overhead_s) with the
     smallest largest |relative error| over the steps not held out, and that error.
     Compute efficiencies are not fitted here: they come from operator profiles
-    (calibration.roofline.GEMM_EFFICIENCY)."""
+    (GPUSpec.gemm_efficiency, carried in calibration/data/gpus.json)."""
     train = [(s, get_model(s.model), get_gpu(s.gpu), s.shape()) for s in steps
              if not s.held_out]
     best: tuple[float, dict[str, float]] | None = None

@@ -19,37 +19,17 @@ that priced it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, ModelSpec
 from sim.batch import BatchShape
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.75
-"""Achieved / dense-peak GEMM throughput on a GPU without a measured figure in
-GEMM_EFFICIENCY: the middle of the A100 and H100 figures there."""
-
-GEMM_EFFICIENCY: Mapping[str, float] = MappingProxyType({
-    "a100-40gb": 0.70,
-    "a100-80gb": 0.70,
-    "h100-sxm": 0.77,
-    "h100-pcie": 0.77,
-    "h200-sxm": 0.77,
-    "rtx-4090": 0.99,
-})
-"""Achieved / dense-peak bf16 GEMM throughput of the four linear layers of a 7-8B Llama
-layer at 2,048 tokens, read from public operator profiles (not from the step latencies
-the constants are checked against):
-  A100 0.695, H100 0.771: microsoft/vidur data/profiling/compute/{a100,h100}/meta-llama/
-    Llama-2-7b-hf/mlp.csv (attn_pre_proj + attn_post_proj + mlp_up_proj + mlp_down_proj
-    medians, 1 GPU, at commit 7d47513); H100 PCIe and H200 share the GH100 die and are
-    given H100 SXM's fraction of their own peaks.
-  RTX 4090 0.99: casys-kaist/LLMServingSim profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/
-    bf16/tp1/dense.csv (vLLM 0.19; qkv_proj, o_proj, gate_up_proj, down_proj at 2,048
-    tokens reach 163-166 TFLOP/s of the 165.2 dense peak: GeForce boards hold their boost
-    clock under tensor load where the data-centre parts are power-limited)."""
+"""Achieved / dense-peak GEMM throughput on a GPU whose GPUSpec.gemm_efficiency is None: the
+middle of the A100 (0.70) and H100 (0.77) presets' figures. Those are read from public
+operator profiles, not from the step latencies the other constants are checked against;
+calibration/data/gpus.json carries each preset's with its source (gemm_efficiency_source)."""
 
 DEFAULT_MEMORY_EFFICIENCY = 0.9
 """Achieved / peak DRAM bandwidth of a weight- and KV-streaming operator, fitted (with the two
@@ -71,9 +51,12 @@ sequence, of which the KV reads explain 0-16 us)."""
 
 
 def gemm_efficiency(gpu: GPUSpec) -> float:
-    """The compute efficiency the roofline takes on ``gpu`` when given none: its measured
-    GEMM_EFFICIENCY, else DEFAULT_COMPUTE_EFFICIENCY."""
-    return GEMM_EFFICIENCY.get(gpu.name, DEFAULT_COMPUTE_EFFICIENCY)
+    """The compute efficiency the roofline takes on ``gpu`` when given none: its
+    gemm_efficiency (a preset's measured one, or a spec file's), else
+    DEFAULT_COMPUTE_EFFICIENCY."""
+    if gpu.gemm_efficiency is None:
+        return DEFAULT_COMPUTE_EFFICIENCY
+    return gpu.gemm_efficiency
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +95,7 @@ class RooflineCostModel:
     quantization says); linear layers with FP8 weights and activations run at the GPU's FP8
     peak when it has one, every other format at the dtype's peak (weight-only int4 saves
     bytes; its dequantisation is not priced).
-    compute_efficiency None takes the GPU's measured GEMM_EFFICIENCY, else
+    compute_efficiency None takes the GPU's gemm_efficiency (GPUSpec), else
     DEFAULT_COMPUTE_EFFICIENCY. The embedding table is not read (a lookup reads T rows).
     Tensor parallel over N GPUs divides the sharded FLOPs and bytes by N and adds two ring
     all-reduces per layer of T * hidden * dtype bytes, each 2 (N-1)/N * bytes /

@@ -149,3 +149,10 @@ def test_smallest_tensor_parallel_is_where_the_weights_fit() -> None:
     # fit one or two 80 GB H100s with room for the KV cache, and fits four.
     assert smallest_tensor_parallel(RunConfig(model="llama-3.1-8b", gpu="l40s")) == 1
     assert smallest_tensor_parallel(RunConfig(model="llama-3.1-70b", gpu="h100-sxm")) == 4
+
+
+@pytest.mark.parametrize("spec", ["lab.json", "lab.toml", "lab.yaml", "LAB.YML"])
+def test_a_price_for_a_gpu_spec_file_is_refused(spec: str) -> None:
+    # A spec file (any format --gpu reads) is no product with a public price.
+    with pytest.raises(ValueError, match=r"--price: a GPU spec file .* has no public price"):
+        parse_price_flags([f"{spec}=2.5"])

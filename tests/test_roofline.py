@@ -13,7 +13,6 @@ from calibration.roofline import (
     DEFAULT_MEMORY_EFFICIENCY,
     DEFAULT_PER_SEQ_OVERHEAD_S,
     DEFAULT_STEP_OVERHEAD_S,
-    GEMM_EFFICIENCY,
     RooflineCostModel,
 )
 from calibration.specs import get_model
@@ -59,7 +58,7 @@ H100_FLOPS = 989.4e12 * 0.77
 def test_is_a_cost_model(llama_h100: RooflineCostModel) -> None:
     assert isinstance(llama_h100, CostModel)
     assert llama_h100.compute_efficiency is None  # the GPU's measured GEMM fraction
-    assert GEMM_EFFICIENCY["h100-sxm"] == 0.77 and DEFAULT_COMPUTE_EFFICIENCY == 0.75
+    assert get_gpu("h100-sxm").gemm_efficiency == 0.77 and DEFAULT_COMPUTE_EFFICIENCY == 0.75
     assert llama_h100.memory_efficiency == DEFAULT_MEMORY_EFFICIENCY == 0.9
     assert llama_h100.step_overhead_s == DEFAULT_STEP_OVERHEAD_S == 1.25e-3
     assert llama_h100.per_seq_overhead_s == DEFAULT_PER_SEQ_OVERHEAD_S == 40e-6

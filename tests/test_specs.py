@@ -152,7 +152,7 @@ def test_unknown_names_list_the_known_ones() -> None:
     with pytest.raises(ValueError) as gpu_err:
         get_gpu("tpu-v5")
     assert str(gpu_err.value) == ("unknown GPU 'tpu-v5'; known: " + ", ".join(GPUS)
-                                  + " (or a .json/.toml spec file)")
+                                  + " (or a .json/.toml/.yaml/.yml spec file)")
 
 
 def test_gpu_numbers() -> None:
@@ -220,8 +220,8 @@ def test_gpu_spec_file_errors(tmp_path: Path) -> None:
     (tmp_path / "broken.toml").write_text("memory_gib = ")
     with pytest.raises(ValueError, match="cannot read GPU spec"):
         get_gpu(str(tmp_path / "broken.toml"))
-    with pytest.raises(ValueError, match=r"\.json or \.toml"):
-        load_gpu_spec(tmp_path / "x.yaml")
+    with pytest.raises(ValueError, match=r"\.json, \.toml, \.yaml or \.yml"):
+        load_gpu_spec(tmp_path / "x.ini")
 
 
 def test_model_spec_validation_names_the_field() -> None:

@@ -58,9 +58,9 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "shows what is derived from it). Default: llama-3.1-8b, or with --profile the "
         "profile's model (another model is refused)."),
     Opt("gpu", str | None, None, "GPU preset (see `servesim list`) or a GPU spec file "
-        "(.json or .toml; keys as in calibration/data/gpus.json). Default: h100-sxm, or with "
-        "--profile the device it was measured on (cpu for a CPU profile, whose KV cache is "
-        "then the profile's; a --gpu that is another device is refused)."),
+        "(.json, .toml, .yaml or .yml; keys as in calibration/data/gpus.json). Default: "
+        "h100-sxm, or with --profile the device it was measured on (cpu for a CPU profile, "
+        "whose KV cache is then the profile's; a --gpu that is another device is refused)."),
     Opt("dtype", str | None, None, "Weights and KV dtype: bf16, fp16, fp32 (or vLLM's "
         "auto, bfloat16, float16, half, float32, float). Default: auto (bf16 for every "
         "preset), or with --profile the profile's dtype (another is refused)."),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibration.gpus import get_gpu
+from calibration.gpus import SPEC_FILE_SUFFIXES, get_gpu
 from calibration.specs import load_data
 
 PRICE_FILE = "gpu_prices.json"
@@ -47,7 +47,7 @@ def _gpu_name(name: Any, option: str) -> str:
     ``option`` for a GPU that is no preset (a spec file has no public price)."""
     text = str(name)
     try:
-        if text.lower().endswith((".json", ".toml")):
+        if text.lower().endswith(SPEC_FILE_SUFFIXES):
             raise ValueError(f"a GPU spec file ({text}) has no public price; name a preset")
         return get_gpu(text).name
     except ValueError as e:
