@@ -219,18 +219,27 @@ def calibrate(
         "--enforce-eager/--no-enforce-eager",
         help="vLLM eager mode, or its compiled mode (--engine vllm; default eager: "
              "start-up in seconds, not minutes).")] = None,
+    fit_statistic: Annotated[str | None, typer.Option(
+        help="Fit each point's fastest run (min) or its median. Default: median on the "
+             "thread clock (other processes' time is not counted, and the median is the "
+             "step one real run meets), min on the wall clock (load only adds time); "
+             "with --refit, the profile's.")] = None,
 ) -> None:
     """Measure prefill, decode and mixed step latencies on a real engine (servesim's torch
     decoder, or vLLM), fit a step-cost model and write a versioned profile (`servesim run
     --profile FILE` uses it)."""
     console = Console()
+    from calibration.fit import STATISTICS  # numpy: not at import, --help stays quick
+
+    if fit_statistic is not None and fit_statistic not in STATISTICS:
+        _fail(f"--fit-statistic must be {' or '.join(STATISTICS)}, got {fit_statistic!r}")
     if refit_path is not None:
         try:
             if out is not None:
                 check_out(out)
         except ValueError as exc:
             _fail(str(exc))
-        _refit(console, refit_path, out or refit_path, force)
+        _refit(console, refit_path, out or refit_path, force, fit_statistic)
         return
     from calibration.grid import GridConfig
     from calibration.measure import resolve_timer
@@ -262,7 +271,8 @@ def calibrate(
     if len(m.points) < m.num_planned // 2:
         _fail(f"only {len(m.points)} of {m.num_planned} grid points fit in --budget-s "
               f"{budget_s:g}; raise it, or lower --num-layers or the grid limits")
-    _fit_and_save(console, spec, m, target, force)
+    statistic = fit_statistic or ("median" if m.engine["timer"] == "thread" else "min")
+    _fit_and_save(console, spec, m, target, force, statistic)
     console.print(f"wrote {target} in {time.perf_counter() - start:.0f} s", highlight=False)
 
 
@@ -295,13 +305,13 @@ def _measure_vllm(spec: ModelSpec, grid: GridConfig, run: dict[str, Any], python
 
 
 def _fit_and_save(console: Console, spec: ModelSpec, m: Measurement, target: Path,
-                  force: bool) -> None:
+                  force: bool, statistic: str) -> None:
     """Fit, report, write the profile; a refused fit keeps the measurements beside it."""
     from calibration.fit import FitRejected, fit_points
     from calibration.profile import profile_from_measurement
 
     try:
-        fit = fit_points(m.points, force=force)
+        fit = fit_points(m.points, force=force, statistic=statistic)
     except FitRejected as exc:
         kept = rejected_path(target)
         rejected = profile_from_measurement(spec, m, exc.fit)
@@ -316,13 +326,14 @@ def _fit_and_save(console: Console, spec: ModelSpec, m: Measurement, target: Pat
     _save(profile, target)
 
 
-def _refit(console: Console, source: Path, target: Path, force: bool) -> None:
+def _refit(console: Console, source: Path, target: Path, force: bool,
+           statistic: str | None) -> None:
     from calibration.fit import FitRejected
     from calibration.profile import load_profile, refit
 
     try:
         old = load_profile(source)
-        new = refit(old, force=force)
+        new = refit(old, force=force, statistic=statistic)
     except FitRejected as exc:
         console.print(error_table(exc.fit, "held-out error per region (REFUSED)"))
         _fail(f"{source}: {exc}")

@@ -54,6 +54,18 @@ KNOTS: tuple[int | None, ...] = (None, 8, 16, 32, 64, 128, 256)
 HELDOUT_FRACTION = 0.25
 DEFAULT_MAX_MAPE = 0.10
 
+STATISTICS = ("min", "median")
+"""Which of a point's timed runs a fit takes: "min" (MeasuredPoint.seconds, the fastest:
+the steadiest estimate of a step under wall-clock timing on a shared machine, where load
+only adds time) or "median" (MeasuredPoint.seconds_median: the step a single run of the
+engine typically takes, which is what a replay meets; with thread-CPU timing load does not
+inflate it)."""
+
+
+def point_seconds(point: MeasuredPoint, statistic: str) -> float:
+    """The time a fit on ``statistic`` (STATISTICS) takes for ``point``, s."""
+    return point.seconds_median if statistic == "median" else point.seconds
+
 
 def feature_vector(shape: BatchShape, knot_tokens: int | None) -> list[float]:
     """The FEATURES of one step, in order (counts; units in FEATURE_MEANINGS)."""
@@ -96,7 +108,8 @@ class RegionError:
 class FitResult:
     """A fitted step-cost model: coefficients (seconds per unit of each feature, for the
     layers measured), the knot, held-out errors per region, and status "accepted",
-    "forced" (kept above max_mape on request) or "rejected"."""
+    "forced" (kept above max_mape on request) or "rejected"; ``statistic`` which of each
+    point's runs it was fitted to (STATISTICS; profiles from before it was recorded: min)."""
 
     features: tuple[str, ...]
     coefficients: tuple[float, ...]
@@ -104,6 +117,7 @@ class FitResult:
     errors: dict[str, RegionError]
     status: str
     max_mape: float = DEFAULT_MAX_MAPE
+    statistic: str = "min"
 
     def predict(self, shape: BatchShape) -> float:
         """Seconds for one step of the measured model (no layer scaling)."""
@@ -114,6 +128,7 @@ class FitResult:
         return {"features": list(self.features), "coefficients": list(self.coefficients),
                 "knot_tokens": self.knot_tokens, "status": self.status,
                 "max_mape": self.max_mape, "heldout_fraction": HELDOUT_FRACTION,
+                "statistic": self.statistic,
                 "errors": {r: {"num_train": e.num_train, "num_heldout": e.num_heldout,
                                "train_mape": e.train_mape, "mape": e.mape,
                                "max_error": e.max_error} for r, e in self.errors.items()}}
@@ -129,10 +144,13 @@ class FitResult:
             raise ValueError(f"fit.coefficients must be {len(FEATURES)} numbers >= 0")
         if d["status"] not in ("accepted", "forced", "rejected"):
             raise ValueError(f"fit.status must be accepted|forced|rejected, got {d['status']!r}")
+        statistic = d.get("statistic", "min")
+        if statistic not in STATISTICS:
+            raise ValueError(f"fit.statistic must be {'|'.join(STATISTICS)}, got {statistic!r}")
         knot = d["knot_tokens"]
         errors = {r: RegionError(**e) for r, e in d["errors"].items()}
         return cls(FEATURES, coefs, None if knot is None else int(knot), errors, d["status"],
-                   float(d["max_mape"]))
+                   float(d["max_mape"]), statistic)
 
 
 class FitRejected(ValueError):
@@ -145,12 +163,13 @@ class FitRejected(ValueError):
         self.region = region
 
 
-def _solve(points: Sequence[MeasuredPoint], knot: int | None) -> tuple[np.ndarray, float]:
+def _solve(points: Sequence[MeasuredPoint], knot: int | None,
+           statistic: str) -> tuple[np.ndarray, float]:
     """Non-negative coefficients minimising the relative squared error; and its RMS."""
     from scipy.optimize import lsq_linear  # only fitting needs scipy, not the cost model
 
     x = np.array([feature_vector(p.shape, knot) for p in points])
-    y = np.array([p.seconds for p in points])
+    y = np.array([point_seconds(p, statistic) for p in points])
     a = x / y[:, None]  # rows weighted by 1/y: the residual is the relative error
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0  # an all-zero column keeps coefficient 0
@@ -161,35 +180,43 @@ def _solve(points: Sequence[MeasuredPoint], knot: int | None) -> tuple[np.ndarra
     return coefs, float(np.sqrt(np.mean(rel**2)))
 
 
-def _rel_errors(fit: np.ndarray, knot: int | None,
-                points: Sequence[MeasuredPoint]) -> list[float]:
-    return [abs(float(np.dot(fit, feature_vector(p.shape, knot))) - p.seconds) / p.seconds
-            for p in points]
+def _rel_errors(fit: np.ndarray, knot: int | None, points: Sequence[MeasuredPoint],
+                statistic: str) -> list[float]:
+    out = []
+    for p in points:
+        y = point_seconds(p, statistic)
+        out.append(abs(float(np.dot(fit, feature_vector(p.shape, knot))) - y) / y)
+    return out
 
 
 def fit_points(points: Sequence[MeasuredPoint], *, force: bool = False,
                max_mape: float = DEFAULT_MAX_MAPE,
-               knots: Sequence[int | None] = KNOTS) -> FitResult:
+               knots: Sequence[int | None] = KNOTS, statistic: str = "min") -> FitResult:
     """Fit FEATURES to the training points (those not held out) and score the held-out
-    ones per region. The knot with the lowest training RMS relative error wins.
+    ones per region, both on each point's ``statistic`` (STATISTICS). The knot with the
+    lowest training RMS relative error wins.
 
-    Raises ValueError naming ``points`` when fewer training points than features, or
-    ``max_mape`` when not > 0; FitRejected when a region's held-out MAPE exceeds max_mape
-    or it has no held-out points, unless force (status "forced" then).
+    Raises ValueError naming ``points`` when fewer training points than features,
+    ``max_mape`` when not > 0, or ``statistic`` when not in STATISTICS; FitRejected when a
+    region's held-out MAPE exceeds max_mape or it has no held-out points, unless force
+    (status "forced" then).
     """
     if not max_mape > 0:
         raise ValueError(f"max_mape must be > 0, got {max_mape}")
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be {'|'.join(STATISTICS)}, got {statistic!r}")
     mask = heldout_mask(points)
     train = [p for p, h in zip(points, mask, strict=True) if not h]
     if len(train) < len(FEATURES):
         raise ValueError(f"points: {len(train)} training points, need >= {len(FEATURES)}")
-    solutions = [(*_solve(train, k), k) for k in knots]
+    solutions = [(*_solve(train, k, statistic), k) for k in knots]
     coefs, _, knot = min(solutions, key=lambda s: s[1])
     errors: dict[str, RegionError] = {}
     for region in REGIONS:
         tr = [p for p, h in zip(points, mask, strict=True) if p.region == region and not h]
         ho = [p for p, h in zip(points, mask, strict=True) if p.region == region and h]
-        tr_e, ho_e = _rel_errors(coefs, knot, tr), _rel_errors(coefs, knot, ho)
+        tr_e = _rel_errors(coefs, knot, tr, statistic)
+        ho_e = _rel_errors(coefs, knot, ho, statistic)
         errors[region] = RegionError(len(tr), len(ho), float(np.mean(tr_e)) if tr_e else None,
                                      float(np.mean(ho_e)) if ho_e else None,
                                      max(ho_e) if ho_e else None)
@@ -198,7 +225,7 @@ def fit_points(points: Sequence[MeasuredPoint], *, force: bool = False,
     bad = mape[worst] > max_mape
     status = "accepted" if not bad else ("forced" if force else "rejected")
     result = FitResult(FEATURES, tuple(float(c) for c in coefs), knot, errors, status,
-                       max_mape)
+                       max_mape, statistic)
     if status == "rejected":
         raise FitRejected(result, worst, _rejection(errors, worst, max_mape))
     return result

@@ -331,11 +331,14 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def refit(profile: Profile, force: bool = False, max_mape: float | None = None) -> Profile:
-    """The profile with a new fit of its stored points (no device needed).
+def refit(profile: Profile, force: bool = False, max_mape: float | None = None,
+          statistic: str | None = None) -> Profile:
+    """The profile with a new fit of its stored points (no device needed), on
+    ``statistic`` (calibration.fit.STATISTICS; None: the one its fit used).
     Raises FitRejected (a ValueError) as fit_points does, unless force."""
     limit = profile.fit.max_mape if max_mape is None else max_mape
-    new = fit_points(profile.points, force=force, max_mape=limit or DEFAULT_MAX_MAPE)
+    new = fit_points(profile.points, force=force, max_mape=limit or DEFAULT_MAX_MAPE,
+                     statistic=profile.fit.statistic if statistic is None else statistic)
     return dataclasses.replace(profile, fit=new)
 
 

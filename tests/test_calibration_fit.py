@@ -105,3 +105,29 @@ def test_grid_spans_limits_and_validates() -> None:
         GridConfig(max_num_seqs=0)
     with pytest.raises(ValueError, match="max_context"):
         GridConfig(max_num_batched_tokens=512, max_context=100)
+
+
+def test_a_median_fit_recovers_the_median_runs_coefficients() -> None:
+    # Each point's median run is the fastest scaled by 1.1: fitted on "median" the model
+    # recovers 1.1 x TRUE (relative error is scale-free); on "min", TRUE itself.
+    points = [MeasuredPoint(p.point, p.seconds, 1.1 * p.seconds, 1.2 * p.seconds, 3)
+              for p in make_points()]
+    on_min, on_median = fit_points(points), fit_points(points, statistic="median")
+    assert (on_min.statistic, on_median.statistic) == ("min", "median")
+    for name, a, b in zip(FEATURES, on_min.coefficients, on_median.coefficients, strict=True):
+        assert a == pytest.approx(TRUE[name], rel=1e-6, abs=1e-12), name
+        assert b == pytest.approx(1.1 * TRUE[name], rel=1e-6, abs=1e-12), name
+    with pytest.raises(ValueError, match="statistic"):
+        fit_points(points, statistic="max")
+
+
+def test_the_fit_statistic_is_recorded_and_old_records_read_as_min() -> None:
+    from calibration.fit import FitResult
+
+    fit = fit_points(make_points(), statistic="median")
+    record = fit.to_dict()
+    assert record["statistic"] == "median" and FitResult.from_dict(record) == fit
+    del record["statistic"]  # a profile from before the field
+    assert FitResult.from_dict(record).statistic == "min"
+    with pytest.raises(ValueError, match=r"fit\.statistic"):
+        FitResult.from_dict({**record, "statistic": "mean"})

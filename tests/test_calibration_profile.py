@@ -120,6 +120,26 @@ def test_cli_refit_writes_profile_and_prints_table(tmp_path: Path) -> None:
     assert load_profile(dst).fit.coefficients == load_profile(src).fit.coefficients
 
 
+def test_cli_refit_on_the_median_runs(tmp_path: Path) -> None:
+    # Median runs 1.1 x the fastest: a median refit prices every step 1.1 x the min fit,
+    # and keeps its statistic on a later plain refit.
+    prof = make_profile()
+    points = tuple(dataclasses.replace(p, seconds_median=1.1 * p.seconds) for p in prof.points)
+    src, med, again = tmp_path / "src.json", tmp_path / "med.json", tmp_path / "again.json"
+    save_profile(dataclasses.replace(prof, points=points), src)
+    code, _, err = invoke("calibrate", "--refit", str(src), "--fit-statistic", "median",
+                          "--out", str(med))
+    assert code == 0, err
+    fitted = load_profile(med).fit
+    assert fitted.statistic == "median"
+    shape = BatchShape(64, 1, 2016, 0, 4, 400, 5)
+    assert fitted.predict(shape) == pytest.approx(1.1 * prof.fit.predict(shape), rel=1e-6)
+    assert invoke("calibrate", "--refit", str(med), "--out", str(again))[0] == 0
+    assert load_profile(again).fit.statistic == "median"
+    code, _, err = invoke("calibrate", "--refit", str(src), "--fit-statistic", "mean")
+    assert code == 1 and "--fit-statistic must be min or median" in err
+
+
 def test_cli_refuses_bad_fit_unless_forced(tmp_path: Path) -> None:
     src = tmp_path / "noisy.json"
     save_profile(make_profile(noise={"mixed": 0.5}, force=True), src)
