@@ -23,6 +23,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from calibration.fit import point_seconds
 from calibration.grid import GridConfig, GridPoint, make_grid
 from calibration.measure import measure
 from calibration.profile import Profile, ProfileCostModel, load_profile
@@ -85,11 +86,13 @@ def main() -> None:
         p = mp.point
         pred = cm.step_time(p.shape) if profile.layer_scale == 1 else profile.fit.predict(
             p.shape)
-        err = (pred - mp.seconds) / mp.seconds
+        # measured by the statistic the profile was fitted to
+        seconds = point_seconds(mp, profile.fit.statistic)
+        err = (pred - seconds) / seconds
         errors.setdefault(p.region, []).append(abs(err))
         table.add_row(p.region, f"{p.decode_seqs} x {p.decode_context}" if p.decode_seqs else "-",
                       f"{p.chunk_tokens} @ {p.chunk_context}" if p.chunk_tokens else "-",
-                      f"{pred * 1e3:.1f}", f"{mp.seconds * 1e3:.1f}", f"{err:+.1%}")
+                      f"{pred * 1e3:.1f}", f"{seconds * 1e3:.1f}", f"{err:+.1%}")
     console = Console()
     console.print(table)
     for region, errs in errors.items():

@@ -6,9 +6,9 @@ First a prediction-only sweep over the arrival rate finds saturation (the platea
 throughput: the most requests/s any rate reached); then the real validation runs at
 ``--fraction`` (0.5) of it and prints the error table and PASS / FAIL per target. Last, a
 device check re-times a few of the profile's own grid shapes (calibration.measure: 5
-interleaved rounds) and prints the profile's error on them by the profile's statistic (the
-fastest run) and by the median run: how the device compares, right now, with the day it was
-calibrated (on a shared machine the typical run is slower than the fastest).
+interleaved rounds) and prints the profile's error on them by the fastest run (the shipped
+torch profile's statistic) and by the median run: how the device compares, right now, with
+the day it was calibrated (on a shared machine the typical run is slower than the fastest).
 
     python benchmarks/fidelity.py                          # shipped CPU profile, 200 requests
     python benchmarks/fidelity.py --policy static --num-requests 100 --out runs/fid-static
@@ -107,7 +107,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=None, help="skip the sweep: this rate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1,
-                    help="execute each real step N times, keep the fastest (see validate)")
+                    help="execute each real step N times, keep the run the profile's fit statistic "
+                         "picks (see validate)")
     ap.add_argument("--out", type=Path, default=Path("runs/fidelity"))
     ap.add_argument("--no-device-check", action="store_true",
                     help="skip re-timing the profile's shapes after the run")

@@ -66,7 +66,9 @@ def _report(console: Console, profile: Profile, title: str) -> None:
     knot = profile.fit.knot_tokens
     pairs = zip(FEATURES, profile.fit.coefficients, strict=True)
     coefs = ", ".join(f"{n}={c:.4g}" for n, c in pairs)
-    console.print(f"fit ({profile.fit.status}, knot {knot} tokens): {coefs}", highlight=False)
+    console.print(f"fit ({profile.fit.status}, knot {knot} tokens, on each point's "
+                  f"{'median' if profile.fit.statistic == 'median' else 'fastest'} run): "
+                  f"{coefs}", highlight=False)
     if profile.approximation:
         console.print(f"approximation: {profile.approximation}", highlight=False)
     if profile.engine.get("name") == "vllm":
@@ -187,7 +189,8 @@ def calibrate(
     max_context: Annotated[int, typer.Option(
         help="Longest context (tokens) in the grid.")] = 2048,
     repeats: Annotated[int, typer.Option(
-        help="Timed rounds over the grid; each point keeps its fastest run.")] = 5,
+        help="Timed rounds over the grid; each point keeps its fastest, median and "
+             "slowest run (--fit-statistic picks what the fit takes).")] = 5,
     threads: Annotated[int | None, typer.Option(
         help="CPU threads while measuring: torch's, or vLLM's OpenMP threads (default 1: "
              "robust on a shared machine; 0 = the library's default).")] = 1,
@@ -271,7 +274,9 @@ def calibrate(
     if len(m.points) < m.num_planned // 2:
         _fail(f"only {len(m.points)} of {m.num_planned} grid points fit in --budget-s "
               f"{budget_s:g}; raise it, or lower --num-layers or the grid limits")
-    statistic = fit_statistic or ("median" if m.engine["timer"] == "thread" else "min")
+    from calibration.fit import default_statistic
+
+    statistic = fit_statistic or default_statistic(m.engine["timer"])
     _fit_and_save(console, spec, m, target, force, statistic)
     console.print(f"wrote {target} in {time.perf_counter() - start:.0f} s", highlight=False)
 

@@ -49,10 +49,10 @@ which another process holds the core is not counted, so the figure is what the s
 a dedicated core. ``"wall"`` reads perf_counter (CUDA synchronised before and after).
 ``"auto"`` picks thread on CPU with one thread, wall otherwise. Both clocks are recorded.
 ``repeats`` > 1 executes each step that many times from the same state (the same cache
-lengths and inputs, so the same keys, values and sampled tokens) and keeps the fastest run:
-the statistic the profile's points use (calibration/measure.py), so that interference from
-other processes on a shared machine, which only ever adds time, is filtered from both sides
-of the comparison alike. 1 (the default) is a plain real run.
+lengths and inputs, so the same keys, values and sampled tokens) and keeps the run that
+``statistic`` picks (calibration.fit.chosen_run): the statistic the profile was fitted to
+(fit.statistic), so that both sides of the comparison take the same order statistic of
+their runs. 1 (the default) is a plain real run.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from calibration.fit import STATISTICS, chosen_run
 from calibration.measure import device_name
 from calibration.torch_model import Chunk, build_decoder
 from sim.batch import BatchPlan, BatchShape
@@ -110,7 +111,9 @@ class TorchExecutor:
     def __init__(self, spec: ModelSpec, *, capacity: int, max_num_seqs: int,
                  dtype: str = "bf16", device: str = "cpu", threads: int | None = 1,
                  timer: str = "auto", repeats: int = 1, seed: int = 0,
-                 group_keys: int = 128, warmup: bool = True) -> None:
+                 group_keys: int = 128, warmup: bool = True, statistic: str = "min") -> None:
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic must be {'|'.join(STATISTICS)}, got {statistic!r}")
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         if timer not in TIMERS:
@@ -134,6 +137,7 @@ class TorchExecutor:
         self._tokens: dict[Request, list[int]] = {}
         self._seed = seed
         self.repeats = repeats
+        self.statistic = statistic
         self.group_keys = group_keys
         self._sync = torch.cuda.synchronize if self.model.device.type == "cuda" else None
         self.timings: list[StepTiming] = []
@@ -172,10 +176,11 @@ class TorchExecutor:
 
     def _timed(self, num_decodes: int, chunks: Sequence[Chunk], token_ids: torch.Tensor,
                groups: list[int]) -> tuple[list[int], StepTiming]:
-        """The fastest of ``repeats`` runs of the step, each from the same cache lengths."""
+        """The run of ``repeats`` runs of the step, each from the same cache lengths, that
+        ``statistic`` picks."""
         sync, lengths = self._sync, self.cache.lengths
         before = list(lengths)
-        best: StepTiming | None = None
+        runs: list[StepTiming] = []
         for _ in range(self.repeats):
             lengths[:] = before
             if sync is not None:
@@ -190,11 +195,8 @@ class TorchExecutor:
                 sync()
             t1, w1 = time.thread_time(), time.perf_counter()
             wall, thread = w1 - w0, t1 - t0
-            run = StepTiming(wall, thread, thread if self.timer == "thread" else wall)
-            if best is None or run.seconds < best.seconds:
-                best = run
-        assert best is not None
-        return sampled, best
+            runs.append(StepTiming(wall, thread, thread if self.timer == "thread" else wall))
+        return sampled, runs[chosen_run([r.seconds for r in runs], self.statistic)]
 
     # -- what runs this step ------------------------------------------------------------
     def _work(self, plan: BatchPlan) -> list[_Work]:

@@ -62,6 +62,25 @@ engine typically takes, which is what a replay meets; with thread-CPU timing loa
 inflate it)."""
 
 
+def default_statistic(timer: str) -> str:
+    """The statistic a fit takes when not told: "median" for steps timed on the thread
+    clock (other processes' time is not counted, and one real run meets each step at its
+    typical speed), "min" on the wall clock (load only adds time)."""
+    return "median" if timer == "thread" else "min"
+
+
+def chosen_run(seconds: Sequence[float], statistic: str) -> int:
+    """Index of the run of ``seconds`` (one step timed several times) that ``statistic``
+    takes: the fastest for "min", the middle one by time for "median" (the lower of the
+    two middle ones for an even count). ValueError for no runs or another statistic."""
+    if not seconds:
+        raise ValueError("seconds: no runs to choose from")
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be {'|'.join(STATISTICS)}, got {statistic!r}")
+    order = sorted(range(len(seconds)), key=seconds.__getitem__)
+    return order[0] if statistic == "min" else order[(len(order) - 1) // 2]
+
+
 def point_seconds(point: MeasuredPoint, statistic: str) -> float:
     """The time a fit on ``statistic`` (STATISTICS) takes for ``point``, s."""
     return point.seconds_median if statistic == "median" else point.seconds

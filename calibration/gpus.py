@@ -136,10 +136,43 @@ def _memory_bytes(entry: Mapping[str, Any], where: str) -> int:
 def spec_from_entry(entry: Mapping[str, Any], where: str = "GPU spec") -> GPUSpec:
     """A GPUSpec from one calibration/data/gpus.json entry or a spec file's mapping (the same
     keys; units in the key names: GiB, GB/s, TFLOPS, us). Raises ValueError naming ``where``
-    and the missing keys, or the field of an invalid number."""
+    and the missing keys, a value that is no number (a YAML true or date included), or the
+    field of an invalid number."""
     missing = [k for k in ("name", *_REQUIRED_KEYS) if entry.get(k) is None]
     if missing:
         raise ValueError(f"{where}: missing keys: {', '.join(missing)}")
+    bad = [k for k, v in entry.items() if k in _NUMERIC_KEYS and v is not None
+           and not _is_number(v)]
+    if bad:
+        raise ValueError(f"{where}: not a number: {', '.join(bad)}")
+    try:
+        return _spec(entry, where)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _is_number(value: Any) -> bool:
+    """A number, or a string that reads as one (not a bool, a date or a list)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return True
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str)
+
+
+_NUMERIC_KEYS = frozenset((*_REQUIRED_KEYS, "memory_gib", "memory_bytes",
+                           "memory_bytes_reported", "interconnect_bandwidth_gb_s",
+                           "interconnect_latency_us", "fp8_tensor_dense_tflops",
+                           "gemm_efficiency"))
+"""Spec keys whose values are numbers (a string of digits reads as one)."""
+
+
+def _spec(entry: Mapping[str, Any], where: str) -> GPUSpec:
+    """spec_from_entry's GPUSpec, its keys checked."""
     reported = entry.get("memory_bytes_reported")
     gemm = entry.get("gemm_efficiency")
     return GPUSpec(

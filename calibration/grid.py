@@ -26,7 +26,8 @@ class GridConfig:
     max_num_seqs: largest decode batch (mixed steps hold up to max_num_seqs - 1 decodes
       beside the chunk). max_num_batched_tokens: largest tokens in one step.
     max_context: longest context a sequence reaches (tokens; keys read by the longest decode).
-    repeats: timed rounds over the grid (each point keeps its fastest run); warmup: untimed
+    repeats: timed rounds over the grid (each point keeps its fastest, median and slowest
+      run); warmup: untimed
       rounds before them.
     Raises ValueError naming the field when out of range.
     """
@@ -78,11 +79,12 @@ class GridPoint:
 class MeasuredPoint:
     """A grid point and its measured step time.
 
-    seconds: the fastest of ``repeats`` timed runs, the estimate the fit uses. Load from
-      other processes only ever adds time, so the minimum is the steadiest estimate of the
-      step on a dedicated device; on a shared CPU the median of a point's runs was often
-      spoilt (fits on medians missed by 10-25%, on minima by 1-4%).
-    seconds_median, seconds_max: the other order statistics of the same runs.
+    seconds: the fastest of ``repeats`` timed runs, what a fit on "min" takes
+      (calibration.fit.STATISTICS): on the wall clock load from other processes only ever
+      adds time, so the minimum is the steadiest estimate of the step on a dedicated device
+      (on a shared CPU wall-clock medians were often spoilt: fits on them missed by 10-25%).
+    seconds_median: the median run, what a fit on "median" takes (the default on the thread
+      clock); seconds_max: the slowest.
     peak_bytes: device memory peak during the point (CUDA only, else None).
     """
 

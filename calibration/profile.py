@@ -12,11 +12,12 @@ Top-level keys: format, version, model (ModelSpec fields), device ("cpu" | "cuda
 device_name, torch_version, dtype, date (ISO 8601, UTC), num_layers_measured,
 num_layers_model, approximation (None, or how a layer subset was scaled), grid (GridConfig
 fields, num_planned, num_measured, elapsed_s), fit (features, coefficients in seconds per
-unit, knot_tokens, status, per-region held-out errors), memory (bytes + note), engine (which
-engine ran the steps: "name" torch or vllm, the "timer", and the engine's own facts: for
-vLLM its version, start-up KV figures and per-point phase split), points (every measured
-point: grid fields, BatchShape fields, seconds). A file without "engine" was measured on
-the torch engine with the wall clock, the only ones there were then.
+unit, knot_tokens, status, per-region held-out errors, statistic: which of a point's runs it
+was fitted to, absent in older files, which fitted the fastest), memory (bytes + note),
+engine (which engine ran the steps: "name" torch or vllm, the "timer", and the engine's own
+facts: for vLLM its version, start-up KV figures and per-point phase split), points (every
+measured point: grid fields, BatchShape fields, seconds). A file without "engine" was
+measured on the torch engine with the wall clock, the only ones there were then.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ vLLM, reports an error) becomes one line.
 
 The driver times the grid in interleaved rounds (``grid.warmup`` untimed, then
 ``grid.repeats``), one step per point a round; each point keeps its fastest timed step
-(MeasuredPoint.seconds), median and max over the rounds. The engine record keeps vLLM's start-up
+(MeasuredPoint.seconds), median and max over the rounds (a fit on the thread clock takes
+the median: calibration.fit.default_statistic). The engine record keeps vLLM's start-up
 facts and each point's per-phase split (schedule, model forward, LM head, sampling,
 update, the rest: output processing), in seconds.
 """

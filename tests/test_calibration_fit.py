@@ -131,3 +131,24 @@ def test_the_fit_statistic_is_recorded_and_old_records_read_as_min() -> None:
     assert FitResult.from_dict(record).statistic == "min"
     with pytest.raises(ValueError, match=r"fit\.statistic"):
         FitResult.from_dict({**record, "statistic": "mean"})
+
+
+def test_the_default_statistic_follows_the_clock() -> None:
+    from calibration.fit import default_statistic
+
+    assert default_statistic("thread") == "median"
+    assert default_statistic("wall") == "min"
+
+
+def test_the_run_a_statistic_picks() -> None:
+    from calibration.fit import chosen_run
+
+    runs = [0.30, 0.10, 0.20, 0.50]
+    assert chosen_run(runs, "min") == 1  # 0.10
+    assert chosen_run(runs, "median") == 2  # 0.10 0.20 | 0.30 0.50: the lower middle
+    assert chosen_run(runs[:3], "median") == 2  # 0.10 0.20 0.30: 0.20
+    assert chosen_run([0.4], "median") == 0
+    with pytest.raises(ValueError, match="no runs"):
+        chosen_run([], "min")
+    with pytest.raises(ValueError, match="statistic"):
+        chosen_run(runs, "max")

@@ -132,6 +132,24 @@ def test_bad_yaml_files_give_one_line_naming_the_file(tmp_path: Path) -> None:
         get_gpu(str(short))
 
 
+@pytest.mark.parametrize("line", ["gemm_efficiency: true", "gemm_efficiency: high",
+                                  "gemm_efficiency: [0.6]", "memory_gib: 2024-01-01"])
+def test_a_value_that_is_no_number_is_named_with_its_file(tmp_path: Path, line: str) -> None:
+    # YAML reads true as a bool and 2024-01-01 as a date: neither is a figure.
+    key = line.split(":")[0]
+    path = tmp_path / "lab.yaml"
+    path.write_text(YAML.replace("memory_gib: 80\n", "memory_gib: 80\n" if key != "memory_gib"
+                                 else "") + line + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}: not a number: {key}")):
+        get_gpu(str(path))
+
+
+def test_an_invalid_figure_names_its_file(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, "lab.yml", gemm_efficiency=1.5)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: GPUSpec.gemm_efficiency")):
+        get_gpu(str(path))
+
+
 def test_presets_carry_their_measured_gemm_efficiency_with_a_source() -> None:
     measured = {"a100-40gb": 0.70, "a100-80gb": 0.70, "h100-sxm": 0.77, "h100-pcie": 0.77,
                 "h200-sxm": 0.77, "rtx-4090": 0.99}

@@ -152,6 +152,8 @@ def test_executor_runs_static_cost_shape_and_refuses_other_shapes() -> None:
         ex(BatchPlan([(b, 1)], [], [a, b], wrong), wrong)
     with pytest.raises(ValueError, match="repeats"):
         TorchExecutor(TINY, capacity=8, max_num_seqs=1, repeats=0)
+    with pytest.raises(ValueError, match="statistic"):
+        TorchExecutor(TINY, capacity=8, max_num_seqs=1, statistic="mean")
     with pytest.raises(ValueError, match="timer 'thread'"):
         TorchExecutor(TINY, capacity=8, max_num_seqs=1, threads=2, timer="thread")
     ex.close()
@@ -212,6 +214,21 @@ def test_profile_threads_and_validation_config() -> None:
     assert validation_config(None, max_num_seqs=4).max_num_seqs == 4
     assert cache_capacity(make_prep()) == 4 + 8 + 1
     assert math.isfinite(cache_capacity(make_prep(max_model_len=5)))
+
+
+def test_the_real_run_takes_the_profiles_fit_statistic(tmp_path: Path) -> None:
+    # A profile fitted to median rounds is compared with the median of the real step's
+    # repeats, one fitted to the fastest with the fastest (calibration.fit.chosen_run).
+    from calibration.profile import load_profile, save_profile
+    from sim.app.runs.validate import prepare_validation
+
+    shipped = load_profile(validation_config(None).profile or "")
+    for statistic in ("min", "median"):
+        path = tmp_path / f"{statistic}.json"
+        save_profile(dataclasses.replace(
+            shipped, fit=dataclasses.replace(shipped.fit, statistic=statistic)), path)
+        cfg = validation_config(str(path), scenario="teaching", num_requests=2)
+        assert prepare_validation(cfg, repeats=3)[1].statistic == statistic
 
 
 # -- the command --------------------------------------------------------------------------

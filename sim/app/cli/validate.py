@@ -73,8 +73,8 @@ def validate(
              "one thread, else wall).")] = "auto",
     repeats: Annotated[int, typer.Option(
         help="Execute each real step this many times from the same state and keep the "
-             "fastest (the profile's own statistic; filters other processes' interference "
-             "on a shared machine). 1 = a plain real run.")] = 1,
+             "run the profile's fit statistic picks (the fastest, or the median). 1 = a "
+             "plain real run.")] = 1,
     out: Annotated[Path, typer.Option(help="Directory to write.")] = Path("runs/validate"),
     against: Annotated[Path | None, typer.Option(
         help="A vllm bench serve result (--save-result --save-detailed): simulate its "

@@ -66,7 +66,8 @@ def shipped_profile() -> str:
 class RealSetup:
     """How the real run executes: a random-weight decoder of ``spec`` in ``dtype`` on
     ``device`` with ``threads`` torch CPU threads (None: torch's default), timed by
-    ``timer`` (calibration.executor.TIMERS), each step the fastest of ``repeats`` runs."""
+    ``timer`` (calibration.executor.TIMERS), each step the run of ``repeats`` that
+    ``statistic`` (the profile's fit.statistic) picks."""
 
     spec: ModelSpec
     dtype: str
@@ -75,6 +76,7 @@ class RealSetup:
     timer: str = "auto"
     repeats: int = 1
     seed: int = 0
+    statistic: str = "min"
 
 
 def profile_threads(device_name: str) -> int | None:
@@ -115,7 +117,8 @@ def prepare_validation(cfg: RunConfig, device: str | None = None, timer: str = "
         raise ValueError(f"device {device!r} differs from the profile's device "
                          f"{profile.device!r}: the comparison would be meaningless")
     real = RealSetup(ModelSpec(**profile.model), profile.dtype, device,
-                     profile_threads(profile.device_name), timer, repeats, cfg.seed)
+                     profile_threads(profile.device_name), timer, repeats, cfg.seed,
+                     profile.fit.statistic)
     return prepare(dataclasses.replace(cfg, dtype=profile.dtype)), real
 
 
@@ -193,7 +196,8 @@ def run_validation(prep: Prepared, real: RealSetup,
     capacity = cache_capacity(prep)
     ex = TorchExecutor(real.spec, capacity=capacity, max_num_seqs=prep.scheduler.max_num_seqs,
                        dtype=real.dtype, device=real.device, threads=real.threads,
-                       timer=real.timer, repeats=real.repeats, seed=real.seed)
+                       timer=real.timer, repeats=real.repeats, seed=real.seed,
+                       statistic=real.statistic)
     price = prep.cost_model.step_time
     prices: list[float] = []
 
