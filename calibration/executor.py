@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from calibration.fit import STATISTICS, chosen_run
+from calibration.fit import check_statistic, chosen_run
 from calibration.measure import device_name
 from calibration.torch_model import Chunk, build_decoder
 from sim.batch import BatchPlan, BatchShape
@@ -112,8 +112,7 @@ class TorchExecutor:
                  dtype: str = "bf16", device: str = "cpu", threads: int | None = 1,
                  timer: str = "auto", repeats: int = 1, seed: int = 0,
                  group_keys: int = 128, warmup: bool = True, statistic: str = "min") -> None:
-        if statistic not in STATISTICS:
-            raise ValueError(f"statistic must be {'|'.join(STATISTICS)}, got {statistic!r}")
+        check_statistic(statistic)
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         if timer not in TIMERS:

@@ -62,6 +62,12 @@ engine typically takes, which is what a replay meets; with thread-CPU timing loa
 inflate it)."""
 
 
+def check_statistic(statistic: str, field: str = "statistic") -> None:
+    """ValueError naming ``field`` when ``statistic`` is not one of STATISTICS."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"{field} must be {'|'.join(STATISTICS)}, got {statistic!r}")
+
+
 def default_statistic(timer: str) -> str:
     """The statistic a fit takes when not told: "median" for steps timed on the thread
     clock (other processes' time is not counted, and one real run meets each step at its
@@ -75,8 +81,7 @@ def chosen_run(seconds: Sequence[float], statistic: str) -> int:
     two middle ones for an even count). ValueError for no runs or another statistic."""
     if not seconds:
         raise ValueError("seconds: no runs to choose from")
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be {'|'.join(STATISTICS)}, got {statistic!r}")
+    check_statistic(statistic)
     order = sorted(range(len(seconds)), key=seconds.__getitem__)
     return order[0] if statistic == "min" else order[(len(order) - 1) // 2]
 
@@ -164,8 +169,7 @@ class FitResult:
         if d["status"] not in ("accepted", "forced", "rejected"):
             raise ValueError(f"fit.status must be accepted|forced|rejected, got {d['status']!r}")
         statistic = d.get("statistic", "min")
-        if statistic not in STATISTICS:
-            raise ValueError(f"fit.statistic must be {'|'.join(STATISTICS)}, got {statistic!r}")
+        check_statistic(statistic, "fit.statistic")
         knot = d["knot_tokens"]
         errors = {r: RegionError(**e) for r, e in d["errors"].items()}
         return cls(FEATURES, coefs, None if knot is None else int(knot), errors, d["status"],
@@ -222,8 +226,7 @@ def fit_points(points: Sequence[MeasuredPoint], *, force: bool = False,
     """
     if not max_mape > 0:
         raise ValueError(f"max_mape must be > 0, got {max_mape}")
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be {'|'.join(STATISTICS)}, got {statistic!r}")
+    check_statistic(statistic)
     mask = heldout_mask(points)
     train = [p for p, h in zip(points, mask, strict=True) if not h]
     if len(train) < len(FEATURES):

@@ -142,7 +142,7 @@ def spec_from_entry(entry: Mapping[str, Any], where: str = "GPU spec") -> GPUSpe
     if missing:
         raise ValueError(f"{where}: missing keys: {', '.join(missing)}")
     bad = [k for k, v in entry.items() if k in _NUMERIC_KEYS and v is not None
-           and not _is_number(v)]
+           and not _reads_as_number(v)]
     if bad:
         raise ValueError(f"{where}: not a number: {', '.join(bad)}")
     try:
@@ -151,7 +151,7 @@ def spec_from_entry(entry: Mapping[str, Any], where: str = "GPU spec") -> GPUSpe
         raise ValueError(f"{where}: {e}") from None
 
 
-def _is_number(value: Any) -> bool:
+def _reads_as_number(value: Any) -> bool:
     """A number, or a string that reads as one (not a bool, a date or a list)."""
     if isinstance(value, bool):
         return False

@@ -68,8 +68,10 @@ def test_a_run_deducts_the_graphs_unless_enforce_eager() -> None:
     base = RunConfig(model="llama-3.1-8b", gpu="rtx-4090", max_model_len=8192, num_requests=5)
     graphs, eager = prepare(base), prepare(dataclasses.replace(base, enforce_eager=True))
     block_bytes = 16 * get_model("llama-3.1-8b").kv_bytes_per_token(2)
-    # RTX 4090 defaults: 256 sequences, 2,048 tokens: 51 piecewise and 35 full graphs.
-    deducted = cudagraph_memory_bytes(32, 256, 2048)
+    # RTX 4090 defaults: 256 sequences, 2,048 tokens: sizes 1, 2, 4, 8..248 (31), 256..512
+    # every 16 (17) = 51 piecewise graphs; those up to 256 = 35 full graphs.
+    deducted = CUDA_GRAPH_FIRST_CAPTURE_BYTES + CUDA_GRAPH_BYTES_PER_GRAPH_LAYER * 32 * (50 + 34)
+    assert cudagraph_memory_bytes(32, 256, 2048) == deducted
     assert graphs.kv_plan is not None and eager.kv_plan is not None
     assert graphs.kv_plan.cudagraph_bytes == deducted and eager.kv_plan.cudagraph_bytes == 0
     assert eager.kv_plan.kv_bytes - graphs.kv_plan.kv_bytes == deducted
