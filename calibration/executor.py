@@ -53,6 +53,13 @@ lengths and inputs, so the same keys, values and sampled tokens) and keeps the r
 ``statistic`` picks (calibration.fit.chosen_run): the statistic the profile was fitted to
 (fit.statistic), so that both sides of the comparison take the same order statistic of
 their runs. 1 (the default) is a plain real run.
+
+**Device probe**: every ``probe_every_s`` seconds of executed step time (0: never),
+before the next step, :meth:`TorchExecutor.probe` times one sampled decode over
+``probe_context`` cached tokens in a free slot, as steps are timed, to show the device's
+drift during a run (a shared VM's neighbours slow every step; calibration.device_probe).
+It runs outside the timed steps (the simulated clock never includes it) and touches no
+request's cache or slot.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from calibration.device_probe import PROBE_CONTEXT, borrowed_slot, check_probe, probe_shape
 from calibration.fit import check_statistic, chosen_run
 from calibration.measure import device_name
 from calibration.torch_model import Chunk, build_decoder
@@ -105,14 +113,17 @@ class TorchExecutor:
     capacity: the most tokens one request's cache holds (prompt plus outputs, padded for
     static batching); max_num_seqs: the engine's batch limit (one slot each, plus a spare
     for moves). Sets torch's CPU threads to ``threads`` until :meth:`close` (None: leave
-    them). Raises ValueError naming dtype, device, threads, timer or capacity when invalid.
+    them). probe_every_s, probe_context (at most capacity - 1): the device probe. Raises
+    ValueError naming dtype, device, threads, timer, capacity or probe_every_s when invalid.
     """
 
     def __init__(self, spec: ModelSpec, *, capacity: int, max_num_seqs: int,
                  dtype: str = "bf16", device: str = "cpu", threads: int | None = 1,
                  timer: str = "auto", repeats: int = 1, seed: int = 0,
-                 group_keys: int = 128, warmup: bool = True, statistic: str = "min") -> None:
+                 group_keys: int = 128, warmup: bool = True, statistic: str = "min",
+                 probe_every_s: float = 0.0, probe_context: int = PROBE_CONTEXT) -> None:
         check_statistic(statistic)
+        check_probe(probe_every_s, probe_context)
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         if timer not in TIMERS:
@@ -140,6 +151,10 @@ class TorchExecutor:
         self.group_keys = group_keys
         self._sync = torch.cuda.synchronize if self.model.device.type == "cuda" else None
         self.timings: list[StepTiming] = []
+        self.probe_every_s = probe_every_s
+        self.probe_context = min(probe_context, capacity - 1)
+        self.probes: list[tuple[int, StepTiming]] = []  # (steps executed before, timing)
+        self._since_probe = math.inf  # step seconds since the last probe: the first step probes
         if warmup:
             self._warmup()
 
@@ -150,6 +165,8 @@ class TorchExecutor:
     # -- the StepExecutor ---------------------------------------------------------------
     def __call__(self, plan: BatchPlan, shape: BatchShape) -> float:
         self._release(plan)
+        if self.probe_every_s > 0 and self._since_probe >= self.probe_every_s:
+            self.probe()
         work = self._padded(plan) if plan.cost_shape is not None else self._work(plan)
         # Longest context first; ties keep their slots (no moves).
         decodes = sorted((w for w in work if w.decode),
@@ -166,14 +183,35 @@ class TorchExecutor:
             ids.extend(self._chunk_ids(w))
         token_ids = torch.tensor(ids, dtype=torch.long, device=self.model.device)
         step_chunks = [Chunk(self._slot[w.req], w.n, w.sample) for w in chunks]
-        sampled, timing = self._timed(len(decodes), step_chunks, token_ids, groups)
+        sampled, timing = self._timed(range(len(decodes)), step_chunks, token_ids, groups)
         rows = decodes + [w for w in chunks if w.sample]
         for w, tok in zip(rows, sampled, strict=True):
             self._tokens[w.req].append(tok)
         self.timings.append(timing)
+        self._since_probe += timing.seconds
         return timing.seconds
 
-    def _timed(self, num_decodes: int, chunks: Sequence[Chunk], token_ids: torch.Tensor,
+    @property
+    def probe_shape(self) -> BatchShape:
+        """The probe's step as the profile prices it (calibration.device_probe)."""
+        return probe_shape(self.probe_context)
+
+    def probe(self) -> StepTiming | None:
+        """Time the probe's step (:attr:`probe_shape`) in the last free cache slot, timed
+        and sampled as a step is, and record it in ``probes``; the slot is given back as
+        found (calibration.device_probe.borrowed_slot). None, and nothing recorded, when
+        every slot holds a request."""
+        free = [s for s, r in enumerate(self._owner) if r is None]
+        if not free:
+            return None
+        ids = torch.zeros(1, dtype=torch.long, device=self.model.device)
+        with borrowed_slot(self.cache, free[-1], self.probe_context) as s:
+            _, timing = self._timed(range(s, s + 1), (), ids, [1])
+        self.probes.append((len(self.timings), timing))
+        self._since_probe = 0.0
+        return timing
+
+    def _timed(self, decode_slots: range, chunks: Sequence[Chunk], token_ids: torch.Tensor,
                groups: list[int]) -> tuple[list[int], StepTiming]:
         """The run of ``repeats`` runs of the step, each from the same cache lengths, that
         ``statistic`` picks."""
@@ -185,7 +223,7 @@ class TorchExecutor:
             if sync is not None:
                 sync()
             w0, t0 = time.perf_counter(), time.thread_time()
-            logits = self.model.step(self.cache, range(num_decodes), chunks,
+            logits = self.model.step(self.cache, decode_slots, chunks,
                                      token_ids=token_ids, decode_groups=groups or None)
             # fp32 logits, as vLLM's sampler takes them (a bf16 argmax on CPU is 4x slower);
             # tolist() copies to the host, so it waits for the device.

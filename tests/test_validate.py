@@ -1,6 +1,7 @@
 """sim.app.runs.validate and calibration.executor: the simulation and a real run on a tiny
 random-weight decoder see the same schedule; the executor's caches follow the engine;
-the comparison figures; the `validate` command."""
+the device probe (calibration.device_probe) changes no run and its figures by hand; the
+comparison figures; the `validate` command."""
 
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ def test_real_run_sees_the_simulated_schedule(fields: dict[str, Any]) -> None:
     data = json.loads(json.dumps(validation_dict(prep, v)))  # serialisable, no NaN
     assert data["same_schedule"] and data["same_admission_order"]
     assert data["real"]["timer"] == "thread" and data["step_error"]["num_steps"] == len(meas)
+    probe = data["device_probe"]  # the first step probes, and the run ends with one
+    assert probe["before_step"][0] == 0 and probe["before_step"][-1] == len(meas)
+    assert len(probe["measured_s"]) >= 2 and probe["predicted_s"] == 0.01
+    assert probe["context_tokens"] == min(128, v.capacity - 1)
     if "num_gpu_blocks" in fields:
         assert v.measured.summary["num_preemptions"] > 0
 
@@ -158,6 +163,99 @@ def test_executor_runs_static_cost_shape_and_refuses_other_shapes() -> None:
         TorchExecutor(TINY, capacity=8, max_num_seqs=1, threads=2, timer="thread")
     ex.close()
 
+def _probe_run(probe_every_s: float) -> Any:
+    """Chunked prefills, decodes, a request leaving and a preemption (recompute)."""
+    from calibration.executor import TorchExecutor
+
+    ex = TorchExecutor(TINY, capacity=32, max_num_seqs=3, dtype="fp32", warmup=False,
+                       probe_every_s=probe_every_s)
+    a, b, c = _req(0, 5), _req(1, 7), _req(2, 3)
+    _run(ex, [(a, 5), (b, 4)])
+    _run(ex, [(a, 1), (b, 3), (c, 3)])
+    _run(ex, [(b, 1), (c, 1)], holders=[b, c])
+    b.num_computed_tokens = 0
+    _run(ex, [(b, 8), (c, 1)], holders=[b, c])
+    _run(ex, [(b, 1), (c, 1)], holders=[b, c])
+    return ex, (a, b, c)
+
+
+def test_probes_change_no_run() -> None:
+    pytest.importorskip("torch")
+    plain, reqs = _probe_run(0.0)
+    probed, probed_reqs = _probe_run(1e-9)  # a probe before every step
+    for ex in (plain, probed):
+        ex.close()
+    assert plain.probes == [] and len(plain.timings) == len(probed.timings) == 5
+    assert [i for i, _ in probed.probes] == [0, 1, 2, 3, 4]
+    assert all(t.seconds > 0 for _, t in probed.probes)
+    assert [plain._tokens.get(r) for r in reqs] == [probed._tokens.get(r) for r in probed_reqs]
+    assert plain.cache.lengths == probed.cache.lengths
+    for x, y in zip((*plain.cache.k, *plain.cache.v), (*probed.cache.k, *probed.cache.v),
+                    strict=True):
+        assert bool((x == y).all())  # the borrowed slot is given back as found
+    assert probed.probe_context == 31  # capacity 32: at most 31 cached tokens
+    assert probed.probe_shape == BatchShape(num_decode_seqs=1, decode_context_tokens=32,
+                                            num_sampled_seqs=1)
+
+
+def test_probe_needs_a_free_slot() -> None:
+    pytest.importorskip("torch")
+    from calibration.executor import TorchExecutor
+
+    ex = TorchExecutor(TINY, capacity=16, max_num_seqs=1, dtype="fp32", warmup=False)
+    ex.close()
+    a = _req(0, 3)
+    ex._owner[:] = [a, a]  # every slot owned (one per sequence, plus the spare)
+    assert ex.probe() is None and ex.probes == []
+    ex._owner[:] = [a, None]
+    assert ex.probe() is not None and [i for i, _ in ex.probes] == [0]
+    assert ex.cache.lengths == [0, 0]
+    with pytest.raises(ValueError, match="probe_every_s must be >= 0"):
+        TorchExecutor(TINY, capacity=8, max_num_seqs=1, probe_every_s=-1.0)
+
+
+def test_probe_summary_by_hand() -> None:
+    from calibration.device_probe import Probes, probe_line
+
+    # Calibration measured the probe at 0.1 s (the fit prices it 0.098 s); during the run
+    # it took 0.1, 0.12 and 0.11 s: median 0.11, the device 10% slower than calibrated.
+    p = Probes(128, 0.098, 0.1, (0, 5, 10), (0.1, 0.12, 0.11))
+    pred, meas = [1.0] * 4, [1.1, 1.1, 1.0, 1.21]
+    d = p.summary(10.0, pred, meas)
+    assert d is not None
+    assert d["drift_p50"] == pytest.approx(0.1 / 0.11 - 1)
+    assert d["drift_min"] == pytest.approx(0.1 / 0.12 - 1)
+    assert d["error_p50"] == pytest.approx(0.098 / 0.11 - 1)
+    # Each step's error once the device's median slowdown (x 1.1) is taken out:
+    # 1.1 / 1.1 - 1 = 0, 0, 1.1 / 1.0 - 1 = +0.1, 1.1 / 1.21 - 1 = -1/11.
+    by_hand = [0.0, 0.0, 0.1, 1.1 / 1.21 - 1]
+    assert d["step_bias_vs_probe"] == pytest.approx(sum(by_hand) / 4)
+    # Without a calibrated figure the fit's price stands in for it.
+    q = Probes(128, 0.1, None, (0,), (0.125,))
+    dq = q.summary(5.0, [1.0], [1.25])
+    assert dq is not None and dq["drift_p50"] == pytest.approx(-0.2)
+    assert dq["step_bias_vs_probe"] == pytest.approx(0.0)
+    assert probe_line(None) == "device probe: none"
+    assert probe_line(d) == (
+        "device probe (1 decode over 128 tokens, 3 probes, every 10 s of steps): "
+        "calibration measured 100.0 ms, now p50 110.0 ms (100.0-120.0): device drift -9.1% "
+        "at p50, -16.7% at the slowest probe; step bias with the drift taken out "
+        f"{d['step_bias_vs_probe']:+.1%}")
+    assert probe_line(dq).split(": ")[1].startswith("the profile prices it 100.0 ms")
+    assert Probes.taken([], 128, 0.1) is None
+
+
+def test_calibrated_seconds_reads_the_profiles_point() -> None:
+    from calibration.device_probe import calibrated_seconds, probe_shape
+    from calibration.profile import load_profile
+
+    prof = load_profile(validation_config(None).profile or "")
+    points = [mp for mp in prof.points if mp.shape == probe_shape(128)]
+    assert len(points) == 1  # the default grid times a 1 x 128 decode
+    assert calibrated_seconds(prof.points, probe_shape(128), "min") == points[0].seconds
+    assert calibrated_seconds(prof.points, probe_shape(128), "median") == \
+        points[0].seconds_median
+    assert calibrated_seconds(prof.points, probe_shape(77), "min") is None
 
 
 def test_device_mismatch_compares_cpu_kinds() -> None:
@@ -259,6 +357,7 @@ def test_validate_command_writes_files_and_prints_errors(
     data = json.loads((out / "validation.json").read_text())
     assert data["format"] == "servesim-validation" and data["real"]["repeats"] == 2
     assert data["config"]["max_num_seqs"] == 32 and data["same_schedule"]
+    assert "device probe (1 decode over" in res.stdout and data["device_probe"]["measured_s"]
     html = (out / "validation.html").read_text()
     assert html.count("<script type=\"text/javascript\">") == 1 and "figure-3" in html
     assert (out / "measured" / "summary.json").is_file()
@@ -271,6 +370,9 @@ def test_validate_command_writes_files_and_prints_errors(
     (("--scenario", "nope"), "scenario must be one of"),
     (("--timer", "sundial"), "timer must be one of"),
     (("--repeats", "0"), "repeats must be >= 1"),
+    (("--probe-every-s", "-1"), "probe_every_s must be >= 0"),
+    (("--engine", "vllm", "--probe-every-s", "5"), "probe_every_s applies to the torch"),
+    (("--against", "r.json", "--probe-every-s", "5"), "probe_every_s applies to a real run"),
     (("--model", "llama-3.1-8b"), "model applies only with --against"),
     (("--frontend-ttft-s", "0.01"), "frontend_ttft_s applies only with --against"),
     (("--fit-frontend",), "fit_frontend applies only with --against"),

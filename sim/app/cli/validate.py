@@ -23,6 +23,9 @@ from sim.app.cli.options import (
 
 FRONTEND_NAMES = tuple(o.name for o in FRONTEND_OPTIONS)
 _AGAINST_COST = "With --against only (prices the simulation instead of a profile): "
+#: --probe-every-s's default (calibration.device_probe.PROBE_EVERY_S, not imported here:
+#: `servesim --help` loads no numeric stack).
+_PROBE_EVERY_S = 10.0
 
 
 @with_options(*declare(
@@ -75,6 +78,10 @@ def validate(
         help="Execute each real step this many times from the same state and keep the "
              "run the profile's fit statistic picks (the fastest, or the median). 1 = a "
              "plain real run.")] = 1,
+    probe_every_s: Annotated[float, typer.Option(
+        help="Seconds of executed step time between device probes: one decode over 128 "
+             "cached tokens, timed outside the steps, reported against the profile's price "
+             "to show the device's drift during the run; 0 = none.")] = _PROBE_EVERY_S,
     out: Annotated[Path, typer.Option(help="Directory to write.")] = Path("runs/validate"),
     against: Annotated[Path | None, typer.Option(
         help="A vllm bench serve result (--save-result --save-detailed): simulate its "
@@ -94,7 +101,8 @@ def validate(
     if against is not None:
         if engine != "auto" or python is not None or also_profile is not None:
             fail("engine, python and also_profile apply to a real run here, not with --against")
-        _validate_against(against, out, fit_frontend, device, timer, repeats, opts)
+        _validate_against(against, out, fit_frontend, device, timer, repeats, probe_every_s,
+                          opts)
         return
     try:
         from sim.app.runs.validate_vllm import resolve_engine
@@ -107,6 +115,9 @@ def validate(
     if engine == "vllm":
         from sim.app.cli.validate_vllm import validate_vllm
 
+        if probe_every_s != _PROBE_EVERY_S:
+            fail("probe_every_s applies to the torch engine's real run (vLLM's engine runs "
+                 "its own steps, with no probe between them)")
         validate_vllm(out, python, device, timer, repeats, fit_frontend, also_profile, opts)
         return
     from sim.app.cli.validate_vllm import checked_config
@@ -116,7 +127,7 @@ def validate(
 
     try:
         prep, real = prepare_validation(checked_config(out, fit_frontend, opts), device,
-                                        timer, repeats)
+                                        timer, repeats, probe_every_s)
     except INPUT_ERRORS as e:
         fail(str(e))
     console.print(f"workload: {len(prep.workload):,} requests ({prep.workload.source})")
@@ -137,12 +148,14 @@ def validate(
 
 def _print_torch(data: dict[str, Any], out: Path) -> None:
     """The torch engine's run: a device warning, the error table and its lines."""
+    from calibration.device_probe import probe_line
     from sim.app.runs.validate import error_table, schedule_line, step_error_line
 
     if data["real"]["device_note"]:
         console.print(f"warning: {data['real']['device_note']}", markup=False, highlight=False)
     console.print(error_table(data))
     console.print(step_error_line(data), highlight=False)
+    console.print(probe_line(data["device_probe"]), highlight=False)
     console.print(schedule_line(data), highlight=False)
     console.print(f"wrote {out}/validation.json, validation.html, predicted/, measured/")
 
@@ -154,7 +167,8 @@ def _validate_with_progress(prep: Any, real: Any, run: Any) -> Any:
 
 
 def _validate_against(result: Path, out: Path, fit: bool | None, device: str | None,
-                      timer: str, repeats: int, opts: dict[str, Any]) -> None:
+                      timer: str, repeats: int, probe_every_s: float,
+                      opts: dict[str, Any]) -> None:
     """validate --against: simulate the result's requests, print the error table without
     and with the frontend term, write validation.json, validation.html and predicted/."""
     from calibration.frontend import Frontend
@@ -172,7 +186,8 @@ def _validate_against(result: Path, out: Path, fit: bool | None, device: str | N
     ttft_s, token_s = (opts.pop(name) for name in FRONTEND_NAMES)
     try:
         for name, value, default in (("device", device, None), ("timer", timer, "auto"),
-                                     ("repeats", repeats, 1)):
+                                     ("repeats", repeats, 1),
+                                     ("probe_every_s", probe_every_s, _PROBE_EVERY_S)):
             if value != default:
                 raise ValueError(f"{name} applies to a real run here, not with --against")
         Frontend(ttft_s or 0.0, token_s or 0.0)  # a bad value fails before simulating

@@ -8,7 +8,8 @@ one prepared workload and config: the same engine, policy, KV allocator and arri
 the step times differ), the error figures (:func:`error_rows`, :func:`step_error`), and
 validation.json's content (:func:`validation_dict`). The page and the files
 (``write_validation``) are sim/app/reports/validation_page.py's. torch is imported only
-through calibration.executor, inside :func:`run_validation`.
+through calibration.executor, inside :func:`run_validation`. The device probe's figures
+(validation.json's ``device_probe``) are calibration/device_probe.py's.
 
 Errors are signed relative errors of the prediction: ``predicted / measured - 1`` (+10%:
 the simulation says 10% more than the real run measured).
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from calibration.device_probe import PROBE_EVERY_S, Probes, calibrated_seconds, check_probe
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.run_files import resolved_config
 from sim.app.runs.runner import (
@@ -67,7 +69,8 @@ class RealSetup:
     """How the real run executes: a random-weight decoder of ``spec`` in ``dtype`` on
     ``device`` with ``threads`` torch CPU threads (None: torch's default), timed by
     ``timer`` (calibration.executor.TIMERS), each step the run of ``repeats`` that
-    ``statistic`` (the profile's fit.statistic) picks."""
+    ``statistic`` (the profile's fit.statistic) picks; a device probe every
+    ``probe_every_s`` seconds of steps and at the end (0: none)."""
 
     spec: ModelSpec
     dtype: str
@@ -77,6 +80,7 @@ class RealSetup:
     repeats: int = 1
     seed: int = 0
     statistic: str = "min"
+    probe_every_s: float = PROBE_EVERY_S
 
 
 def profile_threads(device_name: str) -> int | None:
@@ -87,13 +91,14 @@ def profile_threads(device_name: str) -> int | None:
 
 
 def prepare_validation(cfg: RunConfig, device: str | None = None, timer: str = "auto",
-                       repeats: int = 1) -> tuple[Prepared, RealSetup]:
+                       repeats: int = 1, probe_every_s: float = PROBE_EVERY_S
+                       ) -> tuple[Prepared, RealSetup]:
     """Resolve the run (priced by ``cfg.profile``) and its real setup from the profile.
 
     The real run uses the profile's model, dtype and torch threads; ``device`` defaults
     to the profile's. Raises ValueError (naming the field) for a missing profile, a
-    constant step time, an unknown timer, repeats < 1, several replicas or tensor
-    parallelism, or a device other than the profile's.
+    constant step time, an unknown timer, repeats < 1, probe_every_s < 0, several replicas
+    or tensor parallelism, or a device other than the profile's.
     """
     from calibration.profile import load_profile
     from calibration.specs import ModelSpec
@@ -106,6 +111,7 @@ def prepare_validation(cfg: RunConfig, device: str | None = None, timer: str = "
         raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    check_probe(probe_every_s)
     if cfg.replicas != 1 or cfg.tensor_parallel_size != 1:
         raise ValueError("replicas and tensor_parallel_size must be 1: validate executes "
                          "one engine on one device")
@@ -118,7 +124,7 @@ def prepare_validation(cfg: RunConfig, device: str | None = None, timer: str = "
                          f"{profile.device!r}: the comparison would be meaningless")
     real = RealSetup(ModelSpec(**profile.model), profile.dtype, device,
                      profile_threads(profile.device_name), timer, repeats, cfg.seed,
-                     profile.fit.statistic)
+                     profile.fit.statistic, probe_every_s)
     return prepare(dataclasses.replace(cfg, dtype=profile.dtype)), real
 
 
@@ -162,7 +168,7 @@ class Validation:
     """Both runs of one validation. ``steps``: one row per step of the real run, with
     the profile's prediction for the same shape (``predicted_s``), the seconds the clock
     advanced (``measured_s``), wall and thread-CPU seconds. ``schedules``: per run, per
-    step, the (request_id, num_new_tokens) pairs scheduled."""
+    step, the (request_id, num_new_tokens) pairs scheduled. ``probes``: its device probes."""
 
     predicted: SimResult
     measured: SimResult
@@ -173,6 +179,7 @@ class Validation:
     capacity: int
     wall_s: dict[str, float]
     device_note: str | None = None
+    probes: Probes | None = None
 
 
 def _schedule_recorder(out: list[tuple[tuple[str, int], ...]]) -> Callable[..., None]:
@@ -197,7 +204,7 @@ def run_validation(prep: Prepared, real: RealSetup,
     ex = TorchExecutor(real.spec, capacity=capacity, max_num_seqs=prep.scheduler.max_num_seqs,
                        dtype=real.dtype, device=real.device, threads=real.threads,
                        timer=real.timer, repeats=real.repeats, seed=real.seed,
-                       statistic=real.statistic)
+                       statistic=real.statistic, probe_every_s=real.probe_every_s)
     price = prep.cost_model.step_time
     prices: list[float] = []
 
@@ -208,6 +215,8 @@ def run_validation(prep: Prepared, real: RealSetup,
     try:
         measured = simulate_prepared(prep, progress, observer=_schedule_recorder(meas_sched),
                                      executor=execute)
+        if real.probe_every_s > 0:
+            ex.probe()  # the device at the end of the run
     finally:
         ex.close()
     t2 = time.perf_counter()
@@ -226,10 +235,12 @@ def run_validation(prep: Prepared, real: RealSetup,
     from calibration.measure import device_mismatch
     from calibration.profile import load_profile
 
-    note = (device_mismatch(load_profile(prep.config.profile).device_name, ex.device_name)
-            if prep.config.profile else None)
+    prof = load_profile(prep.config.profile) if prep.config.profile else None
+    note = device_mismatch(prof.device_name, ex.device_name) if prof else None
+    then = calibrated_seconds(prof.points, ex.probe_shape, real.statistic) if prof else None
     return Validation(predicted, measured, steps, (pred_sched, meas_sched), real, ex.timer,
-                      capacity, {"predicted": t1 - t0, "measured": t2 - t1}, note)
+                      capacity, {"predicted": t1 - t0, "measured": t2 - t1}, note,
+                      Probes.taken(ex.probes, ex.probe_context, price(ex.probe_shape), then))
 
 
 # -- the comparison ---------------------------------------------------------------------
@@ -330,6 +341,8 @@ def validation_dict(prep: Prepared, v: Validation) -> dict[str, Any]:
         "wall_s": {k: round(x, 3) for k, x in v.wall_s.items()},
         "errors": error_rows(v.predicted.summary, v.measured.summary),
         "step_error": step_error(v.steps["predicted_s"], v.steps["measured_s"]),
+        "device_probe": (v.probes.summary(s.probe_every_s, v.steps["predicted_s"],
+                                          v.steps["measured_s"]) if v.probes else None),
         "same_schedule": diff is None, "first_different_step": diff,
         "same_admission_order": (admission_order(v.predicted.requests)
                                  == admission_order(v.measured.requests)),
