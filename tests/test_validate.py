@@ -360,6 +360,8 @@ def test_validate_command_writes_files_and_prints_errors(
     assert "device probe (1 decode over" in res.stdout and data["device_probe"]["measured_s"]
     html = (out / "validation.html").read_text()
     assert html.count("<script type=\"text/javascript\">") == 1 and "figure-3" in html
+    # The probes (the first before step 0, the last after the run) on the error panel.
+    assert "device probe (drift)" in html and "bias with the drift taken out" in html
     assert (out / "measured" / "summary.json").is_file()
 
 

@@ -133,8 +133,8 @@ def validate(
     console.print(f"workload: {len(prep.workload):,} requests ({prep.workload.source})")
     console.print(f"prediction: {prep.cost_model_label}")
     console.print(f"real run: {real.spec.name} ({real.dtype}) on {real.device}, "
-                  f"{real.threads or 'default'} torch threads, each step the fastest of "
-                  f"{real.repeats}")
+                  f"{real.threads or 'default'} torch threads, each step the "
+                  f"{'fastest' if real.statistic == 'min' else 'median'} of {real.repeats}")
     try:
         v = _validate_with_progress(prep, real, run_validation)
         data = write_validation(out, prep, v)

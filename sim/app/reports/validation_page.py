@@ -65,6 +65,11 @@ def step_error_html(data: dict[str, Any]) -> str:
             ["|error| p50", f"{e['p50_abs']:.1%}"], ["|error| p90", f"{e['p90_abs']:.1%}"],
             ["|error| p99", f"{e['p99_abs']:.1%}"], ["|error| max", f"{e['max_abs']:.1%}"],
             ["busy time (sum of steps)", _pct(e["busy_time_error"])]]
+    probe = data.get("device_probe")
+    if probe:
+        rows += [["device drift since calibration (probe p50)", _pct(probe["drift_p50"])],
+                 ["device drift, slowest probe", _pct(probe["drift_min"])],
+                 ["bias with the drift taken out", _pct(probe["step_bias_vs_probe"])]]
     return table(["per-step time error", "value"], rows, table_id="step-error")
 
 
@@ -91,7 +96,8 @@ def _real_run(r: dict[str, Any]) -> str:
     if r.get("engine") in ("vllm", "fake"):
         return (f"{r['engine']} engine {r.get('vllm_version') or ''} serving the workload with "
                 f"its own scheduler: {where}, {r['timer']} clock")
-    return f"{where}, {r['timer']} clock, each step the fastest of {r['repeats']} run(s)"
+    pick = "median" if r.get("statistic") == "median" else "fastest"
+    return f"{where}, {r['timer']} clock, each step the {pick} of {r['repeats']} run(s)"
 
 
 def _arr(values: list[float | None]) -> np.ndarray:
@@ -131,6 +137,7 @@ def step_figure(data: dict[str, Any]) -> Any:
             showlegend=False, marker={"color": colour, "size": 4, "opacity": 0.6},
             hovertemplate="t %{x:.2f} s<br>error %{y:+.1%}" f"<extra>{k}</extra>"),
             row=1, col=2)
+    _probe_trace(fig, data.get("device_probe"), t, _arr(st["measured_s"]))
     finite = np.concatenate([pred[np.isfinite(pred)], meas[np.isfinite(meas)]])
     if finite.size:
         lo, hi = float(finite.min()) * 0.9, float(finite.max()) * 1.1
@@ -192,6 +199,27 @@ def cdf_figure(data: dict[str, Any]) -> Any:
     fig.update_yaxes(range=[0, 1.01], title_text="fraction of requests", col=1)
     fig.update_layout(height=420, title="Latency distributions (empirical CDFs)")
     return fig
+
+
+def _probe_trace(fig: Any, probe: dict[str, Any] | None, start: np.ndarray,
+                 measured: np.ndarray) -> None:
+    """The device probe's drift (reference / probe - 1, calibration.device_probe) on the
+    per-step error panel, at the instant each probe ran: the start of the step it came
+    before, or the end of the last step for the final one."""
+    if not probe or not start.size:
+        return
+    import plotly.graph_objects as go
+
+    ref = probe["calibrated_s"] if probe.get("calibrated_s") is not None \
+        else probe["predicted_s"]
+    end = float(start[-1] + measured[-1])
+    at = [float(start[i]) if i < start.size else end for i in probe["before_step"]]
+    drift = [ref / m - 1 for m in probe["measured_s"]]
+    fig.add_trace(go.Scatter(
+        x=at, y=drift, mode="lines+markers", name="device probe (drift)",
+        line={"color": "#222", "width": 1}, marker={"size": 6, "symbol": "diamond"},
+        hovertemplate="t %{x:.2f} s<br>drift %{y:+.1%}<extra>device probe</extra>"),
+        row=1, col=2)
 
 
 def validation_page(data: dict[str, Any]) -> str:

@@ -334,7 +334,7 @@ def validation_dict(prep: Prepared, v: Validation) -> dict[str, Any]:
         "config": resolved_config(prep),
         "real": {"model": s.spec.name, "dtype": s.dtype, "device": s.device,
                  "threads": s.threads, "timer": v.timer, "repeats": s.repeats,
-                 "seed": s.seed,
+                 "statistic": s.statistic, "seed": s.seed,
                  "cache_capacity_tokens": v.capacity,
                  "profile_device_name": prof.device_name if prof else None,
                  "device_note": v.device_note},
