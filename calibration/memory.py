@@ -29,7 +29,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from calibration.cuda_graphs import cudagraph_memory_bytes, max_capture_size
+from calibration.cuda_graphs import (
+    CudaGraphConfig,
+    cudagraph_memory_bytes,
+    full_cudagraph_support,
+    max_capture_size,
+)
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 
@@ -231,6 +236,7 @@ def plan_for(
     tensor_parallel_size: int = 1,
     kv_cache_memory_bytes: int | None = None,
     cuda_graphs: bool = False,
+    cudagraph_config: CudaGraphConfig | None = None,
 ) -> KVCachePlan:
     """The plan for a model on a GPU, per GPU of a tensor-parallel group, budgeted against
     the memory torch reports (gpu.total_memory_bytes): weights / N (every matrix is sharded;
@@ -240,9 +246,10 @@ def plan_for(
     --kv-cache-memory sets it: gpu_memory_utilization and the profile are then not used for
     it, nor ``gpu`` (None: a device without a GPU spec, which needs it). ``cuda_graphs``:
     also deduct the CUDA graphs' memory, as vLLM >= 0.21 does unless --enforce-eager
-    (cudagraph_memory_bytes for model.num_layers; not with kv_cache_memory_bytes, which
-    sizes the pool itself). Raises ValueError as plan_kv_cache does, and naming dtype,
-    tensor_parallel_size or kv_cache_memory_bytes when invalid (or missing without a GPU)."""
+    (cudagraph_bytes_for, with ``cudagraph_config``'s settings: None, vLLM's defaults; not
+    with kv_cache_memory_bytes, which sizes the pool itself). Raises ValueError as
+    plan_kv_cache does, and naming dtype, tensor_parallel_size or kv_cache_memory_bytes
+    when invalid (or missing without a GPU), or a CUDA-graph setting vLLM refuses."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     dtype_bytes = DTYPE_BYTES[dtype]
@@ -259,8 +266,8 @@ def plan_for(
                               weights, activations, non_torch)
     if gpu is None:
         raise ValueError("kv_cache_memory_bytes: a device without a GPU spec needs it")
-    graphs = (cudagraph_memory_bytes(model.num_layers, max_num_seqs, max_num_batched_tokens,
-                                     max_capture_size(gpu.name)) if cuda_graphs else 0)
+    graphs = (cudagraph_bytes_for(model, gpu, max_num_batched_tokens, max_num_seqs,
+                                  block_size, cudagraph_config) if cuda_graphs else 0)
     return plan_kv_cache(
         gpu.total_memory_bytes,
         gpu_memory_utilization,
@@ -271,6 +278,22 @@ def plan_for(
         weights_bytes=weights,
         cudagraph_bytes=graphs,
     )
+
+
+def cudagraph_bytes_for(model: ModelSpec, gpu: GPUSpec, max_num_batched_tokens: int,
+                        max_num_seqs: int, block_size: int,
+                        config: CudaGraphConfig | None = None) -> int:
+    """vLLM's CUDA-graph memory estimate for ``model`` on one GPU of ``gpu``
+    (cudagraph_memory_bytes over model.num_layers) with the CUDA-graph settings ``config``
+    (None: vLLM's defaults), as vLLM 0.32 captures them on that GPU: up to its default
+    largest capture size (max_capture_size), and a cudagraph_mode FULL turned into
+    FULL_AND_PIECEWISE or FULL_DECODE_ONLY where the GPU's attention backend cannot run
+    mixed batches in one full graph (full_cudagraph_support, by the GPU preset, the
+    model's attention, MLA or not, and for MLA the cache's ``block_size``; a GPU spec
+    file's keeps FULL as given)."""
+    mixed = full_cudagraph_support(gpu.name, model.kv_lora_rank is not None, block_size)
+    return cudagraph_memory_bytes(model.num_layers, max_num_seqs, max_num_batched_tokens,
+                                  max_capture_size(gpu.name), config, mixed)
 
 
 def _plan_fixed_kv(kv_cache_memory_bytes: int, kv_bytes_per_token: int, block_size: int,

@@ -50,6 +50,16 @@ VALUES: dict[str, tuple[str, ...]] = {
     "scheduler-reserve-full-isl": ("--scheduler-reserve-full-isl",
                                    "--no-scheduler-reserve-full-isl"),
     "max-tokens": ("1", "16", "0", "-1", "1000000000", *INT_JUNK),
+    "cudagraph-mode": ("NONE", "piecewise", "FULL", "FULL_DECODE_ONLY",
+                       "FULL_AND_PIECEWISE", "0", *STR_JUNK),
+    "cudagraph-capture-sizes": ("1", "1,2,4,8", "8 16", "100000", "0", "-1", "1,,2", "1.5",
+                                BIG, *STR_JUNK),
+    "max-cudagraph-capture-size": ("1", "64", "512", "100000", "0", "-1", *INT_JUNK),
+    "optimization-level": ("0", "1", "2", "3", "4", "-1", *INT_JUNK),
+    "compilation-mode": ("NONE", "vllm_compile", "STOCK_TORCH_COMPILE", "0", "3", "4",
+                         *STR_JUNK),
+    "performance-mode": ("balanced", "interactivity", "throughput", "Throughput", *STR_JUNK),
+    "enforce-eager": ("--enforce-eager", "--no-enforce-eager"),
     "step-time": ("0.01", "1e-9", "1e-300", "0", "-1", *FLOAT_JUNK),
     "profile": ("@profile", "@list.json", "@missing.json", "@dir", "@budget1.yaml", ""),
     "trace": ("@trace.csv", "@empty.csv", "@missing.csv", "@dir", "@list.json", ""),
@@ -95,7 +105,8 @@ SWITCHES = {f for f, vs in VALUES.items() if all(v.startswith("--") for v in vs)
 INT_RANGE = {"max-num-seqs": 2**20, "max-num-batched-tokens": 2**20, "block-size": 2**20,
              "max-model-len": 2**22, "num-gpu-blocks": 2**20, "kv-cache-memory": 2**40,
              "long-prefill-token-threshold": 2**20, "max-tokens": 2**20, "seed": 2**70,
-             "tensor-parallel-size": 2**10, "concurrency": 2**20}
+             "tensor-parallel-size": 2**10, "concurrency": 2**20,
+             "max-cudagraph-capture-size": 2**12}
 FLOATS = ("gpu-memory-utilization", "step-time", "rate", "burstiness", "window",
           "time-scale", "slo-ttft", "slo-tpot", "swap-space", "pcie-bandwidth",
           "think-time")
@@ -142,6 +153,9 @@ GROUPS = (
      "swap-space", "pcie-bandwidth", "kv-allocation", "prefix-cache",
      "enable-prefix-caching", "queue", "replicas", "router"),
     ("out", "full-steps", "report", "compare", "config", "trace"),
+    ("cudagraph-mode", "cudagraph-capture-sizes", "max-cudagraph-capture-size",
+     "optimization-level", "compilation-mode", "performance-mode", "enforce-eager",
+     "num-gpu-blocks", "gpu", "max-num-seqs", "max-num-batched-tokens", "policy"),
 )
 PAIRS = st.sampled_from((FLAGS, *GROUPS)).flatmap(
     lambda flags: st.lists(st.sampled_from(flags), min_size=2, max_size=2, unique=True))

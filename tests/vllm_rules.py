@@ -11,6 +11,7 @@ context (the fuzzed presets: Llama 2/3.1, Qwen2.5), on NVIDIA GPUs (FlashAttenti
 FlashInfer kernel block sizes). servesim's policies map to vLLM as chunked = chunked
 prefill on, continuous = off; static batching has no vLLM equivalent and no token budget,
 so the budget's rules skip it, while the model's and the KV cache's apply to every policy.
+The CUDA-graph settings' rules are tests/vllm_graph_rules.py's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from calibration.gpus import get_gpu
 from calibration.specs import get_model
+from tests.vllm_graph_rules import Graphs, capture_sizes, graph_names, recorded_graphs
 
 GIB = 1 << 30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -90,6 +92,9 @@ class Asked:
     long_prefill: int
     param_bytes: float  # per weight, at least (4-bit for any quantization)
     kv_elem_bytes: int
+    graphs: Graphs
+    performance_mode: str
+
 
 
 def _int(opts: Mapping[str, str], flag: str) -> int | None:
@@ -115,6 +120,12 @@ def asked(opts: Mapping[str, str], profile_model: Mapping[str, Any] | None) -> A
     mml = _int(opts, "max-model-len")
     if mml == -1:
         raise ValueError("vLLM's auto-fit")
+    sizes = opts.get("cudagraph-capture-sizes")
+    graphs = Graphs(opts.get("cudagraph-mode"),
+                    None if sizes is None else tuple(int(n) for n in
+                                                     sizes.replace(",", " ").split()),
+                    _int(opts, "max-cudagraph-capture-size"), _int(opts, "optimization-level"),
+                    opts.get("compilation-mode"), "enforce-eager" in opts)
     return Asked(
         model, gpu.memory_bytes_reported or gpu.memory_bytes, gpu.memory_bytes, gpu.name,
         policies, _int(opts, "max-num-seqs"), _int(opts, "max-num-batched-tokens"),
@@ -123,7 +134,8 @@ def asked(opts: Mapping[str, str], profile_model: Mapping[str, Any] | None) -> A
         int(opts.get("tensor-parallel-size", "1")),
         float(opts.get("gpu-memory-utilization", "0.9")), _int(opts, "num-gpu-blocks"),
         _int(opts, "kv-cache-memory"), int(opts.get("long-prefill-token-threshold", "0")),
-        dtype if quant is None else 0.5, dtype if kv_dtype == "auto" else 1)
+        dtype if quant is None else 0.5, dtype if kv_dtype == "auto" else 1, graphs,
+        opts.get("performance-mode", "balanced"))
 
 
 def vllm_refusals(opts: Mapping[str, str],
@@ -137,13 +149,14 @@ def vllm_refusals(opts: Mapping[str, str],
         a = asked(opts, profile_model)
     except (ValueError, KeyError, OSError):
         return []
-    out = _ranges(a)
+    out = _ranges(a) + graph_names(a.graphs, a.performance_mode)
     if out:  # the later rules assume values in range
         return out
     out += _context(a.max_model_len, a.model.max_position_embeddings, a.allow_long)
     out += _tensor_parallel(a.model, a.tp) + _block_size(a.block_size)
     for policy in a.policies:
         out += _scheduler(policy, *_batch_limits(a, policy), a.max_model_len, a.long_prefill)
+        out += capture_sizes(a.graphs, policy, *_batch_limits(a, policy), a.gpu_name)
     return out + _kv_pool(a) + _allocation(a)
 
 
@@ -155,7 +168,10 @@ def recorded_refusals(cfg: Mapping[str, Any]) -> list[str]:
             *_tensor_parallel(m, cfg["tensor_parallel_size"]), *_block_size(bs),
             *_scheduler(cfg["policy"], cfg["max_num_seqs"], cfg["max_num_batched_tokens"],
                         mml, cfg["long_prefill_token_threshold"]),
-            *_blocks(r["num_gpu_blocks"], mml, bs)]
+            *_blocks(r["num_gpu_blocks"], mml, bs),
+            *capture_sizes(recorded_graphs(cfg), cfg["policy"], cfg["max_num_seqs"],
+                           cfg["max_num_batched_tokens"], cfg["gpu"])]
+
 
 
 def _ranges(a: Asked) -> list[str]:
@@ -210,7 +226,8 @@ def _block_size(bs: int) -> list[str]:
 
 def _batch_limits(a: Asked, policy: str) -> tuple[int, int]:
     """max_num_seqs and max_num_batched_tokens: those asked, else the API server's for
-    the GPU (engine/arg_utils.py EngineArgs.get_batch_defaults), a default budget raised
+    the GPU (engine/arg_utils.py EngineArgs.get_batch_defaults; doubled with
+    performance_mode throughput), a default budget raised
     to max_model_len without chunked prefill and capped at max_num_seqs x max_model_len, a
     default max_num_seqs lowered to the budget
     (_set_default_max_num_seqs_and_batched_tokens_args)."""
@@ -220,6 +237,8 @@ def _batch_limits(a: Asked, policy: str) -> tuple[int, int]:
         seqs, budget = 1024, 8192
     else:
         seqs, budget = 256, 2048
+    if a.performance_mode == "throughput":  # doubled where not given
+        seqs, budget = 2 * seqs, 2 * budget
     if a.max_num_seqs is not None:
         seqs = a.max_num_seqs
     if a.max_num_batched_tokens is not None:
@@ -290,7 +309,10 @@ def _kv_pool(a: Asked) -> list[str]:
 def _allocation(a: Asked) -> list[str]:
     """A KV pool sized by hand (blocks or bytes) must fit the GPU beside the weights:
     v1/worker/utils.py allocate_kv_cache allocates it whole on the device (torch.zeros;
-    CUDA out of memory otherwise)."""
+    CUDA out of memory otherwise). The CUDA graphs captured after it
+    (v1/worker/gpu_worker.py compile_or_warm_up_model) need room too, but their size is
+    measured at start-up, not written in vLLM's source: as with the activations, this
+    bound counts none of it (servesim's fitted estimate may refuse more, never less)."""
     if a.num_gpu_blocks is not None:
         pool = a.num_gpu_blocks * _block_bytes(a)
     elif a.kv_cache_memory and a.kv_cache_memory > 0:
@@ -302,3 +324,4 @@ def _allocation(a: Asked) -> list[str]:
         return []
     return [f"KV pool {pool:,} B + weights {weights:.4g} B > the GPU's {a.gpu_label:,} B "
             "(v1/worker/utils.py allocate_kv_cache)"]
+

@@ -39,10 +39,15 @@ def config_options(ctx: typer.Context, opts: dict[str, Any],
 
 def _with_file(opts: dict[str, Any], given: set[str],
                list_forms: set[str]) -> tuple[dict[str, Any], list[str]]:
-    """config_options' work: the merged values and the warnings; ValueError or OSError
-    for a bad file or contradicting flags."""
+    """config_options' work: the merged values (a mode flag's digits as vLLM's command
+    line reads them: cudagraph_settings.flag_mode) and the warnings; ValueError or
+    OSError for a bad file or contradicting flags."""
     from sim.app.runs.config_file import read_config, trace_change
+    from sim.app.runs.cudagraph_settings import MODE_FIELDS, flag_mode
 
+    for name in MODE_FIELDS:
+        if name in given and isinstance(opts.get(name), str):
+            opts[name] = flag_mode(opts[name])
     path, switch = opts.pop("config", None), opts.pop("enable_prefix_caching", None)
     if switch is not None:
         _switch(opts, switch, "prefix_cache" in given)
@@ -134,8 +139,12 @@ def _chunked_switch(opts: dict[str, Any], on: bool, policy_given: bool) -> None:
 
 
 def _value(name: str, value: Any, listed: bool) -> Any:
-    """A file's ``value`` for option ``name``: comma-separated text for a list form,
-    else checked against the option's type (an int is a float; ValueError otherwise)."""
+    """A file's ``value`` for option ``name``: comma-separated text for a list form or
+    for a list given to a list-valued option (Opt.list_valued: cudagraph_capture_sizes),
+    else checked against the option's type (an int is a float, and a mode's value,
+    cudagraph_settings.MODE_FIELDS, as vLLM takes one; ValueError otherwise)."""
+    from sim.app.runs.cudagraph_settings import MODE_FIELDS
+
     if listed:
         items = value if isinstance(value, list) else [value]
         return ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in items)
@@ -143,6 +152,10 @@ def _value(name: str, value: Any, listed: bool) -> Any:
     if opt is None or value is None:
         return value
     types = get_args(opt.type) or (opt.type,)
+    if isinstance(value, list) and opt.list_valued:  # its comma-separated text
+        return ",".join(str(v) for v in value)
+    if name in MODE_FIELDS and isinstance(value, int) and not isinstance(value, bool):
+        return value
     if isinstance(value, int) and not isinstance(value, bool) and float in types:
         return float(value)
     if isinstance(value, bool) and bool not in types:

@@ -30,7 +30,9 @@ class Opt:
     ``_``, the flag; ``type`` the type of one value; ``values`` an example of the list
     form ("" when sweep and plan do not vary it); ``flags`` the flag names when there are
     several (an alias), else derived from ``name``; ``hidden``: left out of ``--help``
-    (a command that refuses the option in one line, or sets it itself)."""
+    (a command that refuses the option in one line, or sets it itself);
+    ``list_valued``: its one value is a list, comma-separated text on the command line
+    (a config file may give a list)."""
 
     name: str
     type: Any
@@ -39,6 +41,7 @@ class Opt:
     values: str = ""
     flags: tuple[str, ...] = ()
     hidden: bool = False
+    list_valued: bool = False
 
     def parameter(self) -> inspect.Parameter:
         """The keyword parameter typer turns into this option."""
@@ -103,6 +106,28 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
         "vLLM's --enforce-eager: no CUDA graphs, so the KV cache keeps the memory vLLM "
         ">= 0.21 sets aside for them (about 0.5-1.7 GiB a GPU for the presets). Changes "
         "the memory plan only, not the step times."),
+    Opt("cudagraph_mode", str | None, None, "vLLM's compilation_config cudagraph_mode, "
+        "the CUDA graphs whose memory the KV cache gives up: NONE, PIECEWISE, FULL, "
+        "FULL_DECODE_ONLY, FULL_AND_PIECEWISE, or 0-2 for the first three (default: the "
+        "optimization level's, FULL_AND_PIECEWISE at vLLM's -O2). FULL becomes "
+        "FULL_AND_PIECEWISE where the GPU's attention backend takes full graphs of decode "
+        "batches only (all but H100/H200 and MI300X; for an MLA model all but B200, there "
+        "at a block size that is a multiple of 32), as in vLLM. Memory plan only."),
+    Opt("cudagraph_capture_sizes", str | None, None, "vLLM's --cudagraph-capture-sizes, "
+        "comma-separated here (1,2,4,8): the batch sizes (tokens) graphs are captured for "
+        "(default: vLLM's list). Memory plan only.", list_valued=True),
+    Opt("max_cudagraph_capture_size", int | None, None, "vLLM's "
+        "--max-cudagraph-capture-size: the largest size graphs are captured for (default: "
+        "vLLM's, 2 x max_num_seqs up to 512, 1024 on B200). Memory plan only."),
+    Opt("optimization_level", int | None, None, "vLLM's -O level, 0-3 (default: vLLM's, "
+        "2): -O0 captures no CUDA graphs, -O1 piecewise ones only. Memory plan only."),
+    Opt("compilation_mode", str | None, None, "vLLM's compilation_config mode: NONE, "
+        "STOCK_TORCH_COMPILE, DYNAMO_TRACE_ONCE, VLLM_COMPILE or 0-3 (default: "
+        "VLLM_COMPILE above -O0); any but VLLM_COMPILE drops the piecewise CUDA graphs. "
+        "Memory plan only."),
+    Opt("performance_mode", str, "balanced", "vLLM's --performance-mode: balanced, "
+        "interactivity (CUDA graphs for every batch size up to 32) or throughput (twice "
+        "vLLM's default max_num_seqs and max_num_batched_tokens where not given)."),
     Opt("max_tokens", int | None, None, "Client cap on output tokens for every request."),
     Opt("step_time", float | None, None,
         "Constant step time in seconds instead of a cost model."),

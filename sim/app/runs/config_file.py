@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.app.runs.cudagraph_settings import GRAPH_FIELDS, read_serve_keys
+from sim.app.runs.cudagraph_settings import SERVE_KEYS as GRAPH_SERVE_KEYS
+
 #: servesim's version: config.json's ``servesim_version`` and ``servesim --version``.
 VERSION = "0.1.0"
 
@@ -50,7 +53,8 @@ def read_config(path: Path | str, options: Collection[str]) -> ConfigFile:
     """Read ``path`` (.yaml/.yml, .toml or .json, a mapping at the top) into values of the
     ``options`` a command takes. Keys may use - or _. A run's config.json (it has
     ``servesim_version``) gives its fields, its nulls left to the defaults; any other file
-    gives servesim's options by name and vLLM serve keys that mean the same (VLLM_KEYS).
+    gives servesim's options by name, vLLM serve keys that mean the same (VLLM_KEYS) and
+    vLLM's CUDA-graph keys (cudagraph_settings.SERVE_KEYS: compilation_config, ...).
     Raises ValueError (naming the file) for a missing parser, bad syntax or a value of no
     meaning here, OSError for a file that cannot be read."""
     path = Path(path)
@@ -62,8 +66,12 @@ def read_config(path: Path | str, options: Collection[str]) -> ConfigFile:
         return _run_config(path, data, options)
     values: dict[str, Any] = {}
     ignored, notes = [], []
+    graph_keys = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        if name in GRAPH_SERVE_KEYS:
+            graph_keys[name] = value
+            continue
         if name in VLLM_KEYS:
             target, read = VLLM_KEYS[name]
             try:
@@ -80,7 +88,25 @@ def read_config(path: Path | str, options: Collection[str]) -> ConfigFile:
             values[name] = value
         else:
             ignored.append(str(key))
+    if graph_keys:
+        _graph_values(path, graph_keys, options, values, ignored)
     return ConfigFile(path, values, tuple(ignored), tuple(notes))
+
+
+def _graph_values(path: Path, keys: dict[str, Any], options: Collection[str],
+                  values: dict[str, Any], ignored: list[str]) -> None:
+    """read_config's CUDA-graph keys (cudagraph_settings.read_serve_keys) added to its
+    ``values`` and ``ignored``; a command that takes no CUDA-graph options (validate)
+    ignores all of ``keys`` unread, so that one it cannot use never refuses its file."""
+    if not all(f in options for f in GRAPH_FIELDS):
+        ignored.extend(keys)
+        return
+    try:
+        got, skipped = read_serve_keys(keys)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config {path}: {e}") from None
+    values.update(got)
+    ignored.extend(skipped)
 
 
 def _run_config(path: Path, data: dict[str, Any], options: Collection[str]) -> ConfigFile:

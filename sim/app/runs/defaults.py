@@ -4,10 +4,11 @@ prefix caching, on wherever it can do anything.
 
 Source: vLLM 0.32.0, vllm/engine/arg_utils.py: ``EngineArgs.get_batch_defaults`` (the
 per-device tables), ``_set_default_max_num_seqs_and_batched_tokens_args`` (applied only to
-what the user left unset: the budget raised to max_model_len when chunked prefill is off
-and capped at max_num_seqs x max_model_len, a default max_num_seqs lowered to the
-budget) and ``_set_default_chunked_prefill_and_prefix_caching_args`` (prefix caching on for
-every model that supports it: all of vLLM V1's decoder-only generators).
+what the user left unset: doubled with performance_mode throughput, the budget raised to
+max_model_len when chunked prefill is off and capped at max_num_seqs x max_model_len, a
+default max_num_seqs lowered to the budget) and
+``_set_default_chunked_prefill_and_prefix_caching_args`` (prefix caching on for every
+model that supports it: all of vLLM V1's decoder-only generators).
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ def api_server_batch_defaults(gpu: GPUSpec | None) -> BatchDefaults:
 
 def batch_limits(gpu: GPUSpec | None, policy: str, max_model_len: int,
                  max_num_seqs: int | None = None,
-                 max_num_batched_tokens: int | None = None) -> BatchDefaults:
+                 max_num_batched_tokens: int | None = None,
+                 throughput: bool = False) -> BatchDefaults:
     """The run's batch limits: those given, and vLLM's API-server defaults on ``gpu`` for
-    those not (None), adjusted as vLLM adjusts them: a default token budget is raised to
+    those not (None; twice them with ``throughput``, vLLM's performance_mode throughput),
+    adjusted as vLLM adjusts them: a default token budget is raised to
     ``max_model_len`` for a policy that never chunks a prompt (vLLM then needs a whole
     prompt to fit one step) and capped at max_num_seqs x max_model_len; a default
     max_num_seqs is lowered to the budget (so a budget given alone, below the default
@@ -66,6 +69,8 @@ def batch_limits(gpu: GPUSpec | None, policy: str, max_model_len: int,
     count is the one vLLM's profile run would use, which sizes the KV cache
     (calibration/memory.py), not a budget."""
     d = api_server_batch_defaults(gpu)
+    if throughput:
+        d = BatchDefaults(2 * d.max_num_seqs, 2 * d.max_num_batched_tokens)
     seqs = d.max_num_seqs if max_num_seqs is None else max_num_seqs
     # Out-of-range inputs pass through unadjusted, for the check that names them.
     valid = seqs >= 1 and max_model_len >= 1

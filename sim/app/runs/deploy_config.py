@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from sim.app.runs.cudagraph_settings import graph_serve_keys
 from sim.app.runs.out_dir import YAML_MARK
 from sim.app.runs.plan import PlanResult
 from sim.app.runs.pools import (
@@ -157,6 +158,9 @@ def serve_keys(prep: Prepared) -> dict[str, Any]:
         keys["num_gpu_blocks_override"] = cfg.num_gpu_blocks
     if cfg.enforce_eager:
         keys["enforce_eager"] = True
+    if cfg.performance_mode != RunConfig.performance_mode:
+        keys["performance_mode"] = cfg.performance_mode
+    keys.update(graph_serve_keys(cfg))
     return keys
 
 

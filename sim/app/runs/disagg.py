@@ -1,8 +1,8 @@
 """``servesim run --disagg xPyD``: the run's workload through its prefill and decode
 pools (sim/disagg/), with the settings of sim/app/runs/pools.py. Each pool's engines run
-the run's model on the pool's GPU and tensor parallelism with the pool's memory share
-(``pool_engines``: the run's engine where the pool changes none of them, else prepare's
-engine side on the pool's own config), and the KV link moves one port pair's bytes
+the run's model on the pool's GPU and tensor parallelism with the pool's memory share and
+batch limits (``pool_engines``: the run's engine where the pool changes none of them,
+else prepare's engine side on the pool's own config), and the KV link moves one port pair's bytes
 (``kv_transfer_bytes_per_token``: the side with fewer TP shards carries more a port)."""
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from calibration.memory import KVCachePlan
 from policies.registry import get_policy_class
 from policies.routers import make_router
 from scenarios.workload import Workload
 from sim.app.runs.pools import (
     DEVICE_FIELDS,
+    LIMIT_FIELDS,
     POOLS,
     link_spec,
     parse_disagg,
@@ -47,13 +49,18 @@ class PreparedRun(Protocol):
 class PoolEngine:
     """One pool's engine as prepared: its ``gpu`` (a preset name or GPU spec file),
     ``tensor_parallel_size``, scheduler config (the pool's batch limits; KV bytes a block
-    on one TP shard), cost model and ``num_gpu_blocks`` (one engine's KV pool, per GPU)."""
+    on one TP shard), cost model, ``num_gpu_blocks`` (one engine's KV pool, per GPU) and
+    the KV plan that sized it, and ``notes``: what vLLM would warn of an engine of the
+    pool's own, each line naming the pool (none for a pool that runs the run's engine,
+    whose notes are the run's)."""
 
     gpu: str
     tensor_parallel_size: int
     scheduler: SchedulerConfig
     cost_model: CostModel
     num_gpu_blocks: int
+    kv_plan: KVCachePlan
+    notes: tuple[str, ...] = ()
 
     def record(self) -> dict[str, Any]:
         """summary.json's figures of the pool's engine: gpu, tensor_parallel_size,
@@ -62,40 +69,56 @@ class PoolEngine:
                 "num_gpu_blocks": self.num_gpu_blocks}
 
 
-#: prepare's engine side for one config (sim/app/runs/runner.py passes it): the config
-#: as resolved, its scheduler config, cost model and num_gpu_blocks; raises ValueError
-#: (a Refused for what vLLM refuses at start-up) as prepare does.
-EngineOf = Callable[[RunConfig], tuple[RunConfig, SchedulerConfig, CostModel, int]]
+#: prepare's engine side for one config (sim/app/runs/runner.py gives it): the config
+#: as resolved, its scheduler config, cost model, num_gpu_blocks, KV plan and what vLLM
+#: would warn of it (cudagraph_settings.graph_notes).
+EngineSide = tuple[RunConfig, SchedulerConfig, CostModel, int, KVCachePlan, tuple[str, ...]]
+
+#: prepare's engine side of a config; raises ValueError (a Refused for what vLLM refuses
+#: at start-up) as prepare does.
+EngineOf = Callable[[RunConfig], EngineSide]
 
 
-def pool_engines(cfg: RunConfig, run: tuple[RunConfig, SchedulerConfig, CostModel, int],
+def pool_engines(cfg: RunConfig, run: EngineSide | None,
                  engine_of: EngineOf) -> dict[str, PoolEngine] | None:
     """A disaggregated run's engine per pool (None for an aggregated run): the run's
-    engine ``run`` (as ``engine_of`` gives it) where the pool keeps the run's GPU, TP and
-    gpu_memory_utilization, else ``engine_of`` on the pool's own config
-    (pools.pool_run_config: a vLLM launch of its own on the pool's GPU, its defaults and
-    the roofline's constants for that GPU where the run left them); each with the pool's
-    batch limits (pools.pool_config). Raises ValueError (or Refused) naming the pool's
-    fields for an engine vLLM would not start."""
+    engine ``run`` (as ``engine_of`` gives it, its notes left to the run) where the pool
+    keeps the run's GPU, TP, gpu_memory_utilization and batch limits, else
+    ``engine_of`` on the pool's own config (pools.pool_run_config: a vLLM launch of its
+    own on the pool's GPU with its batch limits, which size its KV plan, its defaults
+    and the roofline's constants for that GPU where the run left them), its notes
+    prefixed with the pool's name; each with the pool's batch limits
+    (pools.pool_config). ``run`` None: every pool has an engine of its own
+    (pools.own_pool_engines). Raises ValueError (or Refused) naming the pool's fields
+    for an engine vLLM would not start."""
     if cfg.disagg is None:
         return None
     out = {}
     for pool in POOLS:
         own = pool_run_config(cfg, pool)
-        engine = run
-        if own is not None:
-            try:
-                engine = engine_of(own)
-            except ValueError as e:
-                given = ", ".join(f"{pool}_{f} {getattr(cfg, f'{pool}_{f}')}"
-                                  for f in DEVICE_FIELDS
-                                  if getattr(cfg, f"{pool}_{f}") is not None)
-                raise type(e)(f"{pool} pool ({given}): {e}") from None
-        resolved, sched, cost, blocks = engine
+        if own is None:
+            assert run is not None, "a pool without an engine of its own runs the run's"
+            resolved, sched, cost, blocks, plan, _ = run
+            notes: tuple[str, ...] = ()
+        else:
+            resolved, sched, cost, blocks, plan, notes = _own_engine(cfg, pool, own, engine_of)
         assert resolved.gpu is not None, "RunConfig resolves the GPU"
         out[pool] = PoolEngine(resolved.gpu, resolved.tensor_parallel_size,
-                               pool_config(sched, cfg, pool), cost, blocks)
+                               pool_config(sched, cfg, pool), cost, blocks, plan,
+                               tuple(f"{pool} pool: {n}" for n in notes))
     return out
+
+
+def _own_engine(cfg: RunConfig, pool: str, own: RunConfig, engine_of: EngineOf) -> EngineSide:
+    """``engine_of(own)``, the engine of ``pool``'s own config; its errors name the
+    pool's fields that ``cfg`` sets."""
+    try:
+        return engine_of(own)
+    except ValueError as e:
+        given = ", ".join(f"{pool}_{f} {getattr(cfg, f'{pool}_{f}')}"
+                          for f in (*DEVICE_FIELDS, *LIMIT_FIELDS)
+                          if getattr(cfg, f"{pool}_{f}") is not None)
+        raise type(e)(f"{pool} pool ({given}): {e}") from None
 
 
 def kv_transfer_bytes_per_token(prefill: PoolEngine, decode: PoolEngine,

@@ -27,10 +27,13 @@ _XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 #: The two pools, in the order their fields are named.
 POOLS = ("prefill", "decode")
 
+#: The run's batch limits a pool may replace: ``{pool}_{field}`` is that pool's (None:
+#: the run's value).
+LIMIT_FIELDS = ("max_num_seqs", "max_num_batched_tokens")
+
 #: The per-pool vLLM knobs: RunConfig fields, each the run's field of that name for one
 #: pool.
-POOL_KNOBS = ("prefill_max_num_seqs", "prefill_max_num_batched_tokens",
-              "decode_max_num_seqs", "decode_max_num_batched_tokens")
+POOL_KNOBS = tuple(f"{pool}_{field}" for pool in POOLS for field in LIMIT_FIELDS)
 
 #: The run's device fields a pool may replace: ``{pool}_{field}`` is that pool's (None:
 #: the run's value; ``pool_value``).
@@ -122,14 +125,32 @@ def pool_value(cfg: Any, pool: str, field: str) -> Any:
 
 
 def pool_run_config(cfg: Any, pool: str) -> Any:
-    """The RunConfig of ``pool``'s own engine (None when the pool keeps the run's GPU, TP
-    and gpu_memory_utilization): the run's config, aggregated, on the pool's device;
-    what the run left to defaults (batch limits, the roofline's constants) is left to
-    that device's, as a vLLM launch of its own on it would be."""
-    if all(getattr(cfg, f"{pool}_{f}") is None for f in DEVICE_FIELDS):
+    """The RunConfig of ``pool``'s own engine (None when the pool keeps the run's GPU, TP,
+    gpu_memory_utilization and batch limits): the run's config, aggregated, on the pool's
+    device with the pool's max_num_seqs and max_num_batched_tokens where given, which
+    size its KV plan as a vLLM launch with them would (the profile run's activation peak
+    and the CUDA graphs it captures); what the run left to defaults (batch limits, the
+    roofline's constants) is left to that device's."""
+    if not _has_own_engine(cfg, pool):
         return None
+    limits = {f: getattr(cfg, f"{pool}_{f}") for f in LIMIT_FIELDS
+              if getattr(cfg, f"{pool}_{f}") is not None}
     device = {f: pool_value(cfg, pool, f) for f in DEVICE_FIELDS}
-    return dataclasses.replace(cfg, disagg=None, **dict.fromkeys(DISAGG_FIELDS), **device)
+    return dataclasses.replace(cfg, disagg=None, **dict.fromkeys(DISAGG_FIELDS), **device,
+                               **limits)
+
+
+def _has_own_engine(cfg: Any, pool: str) -> bool:
+    """Whether ``pool`` replaces any of the run's batch limits or device fields."""
+    return any(getattr(cfg, f"{pool}_{f}") is not None for f in (*LIMIT_FIELDS, *DEVICE_FIELDS))
+
+
+def own_pool_engines(cfg: Any) -> bool:
+    """Whether every pool of a disaggregated ``cfg`` runs an engine of its own
+    (pool_run_config), so that no pool runs the run-level engine: its KV plan, sized by
+    the run's batch limits and memory share, applies to no pool and is not made
+    (runner._engines; each pool's own engine plans and checks its own)."""
+    return cfg.disagg is not None and all(_has_own_engine(cfg, p) for p in POOLS)
 
 
 def pool_devices_text(devices: tuple[tuple[int, str | None], ...]) -> str:

@@ -15,6 +15,7 @@ from calibration.specs import DTYPE_BYTES, ModelSpec
 from policies.routers import ROUTERS, check_prefix_cache
 from scenarios.diurnal import check_amplitude
 from sim.app.runs.config_file import VLLM_DTYPES
+from sim.app.runs.cudagraph_settings import GRAPH_FIELDS, check_graph_fields
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.device import default_device
 from sim.app.runs.pools import DISAGG_FIELDS, check_disagg, parse_disagg, pool_value
@@ -67,7 +68,12 @@ class RunConfig:
     vLLM's auto (AUTO_DTYPE). The roofline_* fields set the roofline cost model's
     constants (None: its fitted ones, calibration/roofline.py); prepare records the
     values that priced a roofline run, and a run priced otherwise (profile, step_time)
-    takes none."""
+    takes none. The GRAPH_FIELDS (cudagraph_mode, cudagraph_capture_sizes,
+    max_cudagraph_capture_size, optimization_level, compilation_mode) and
+    performance_mode are vLLM's settings as given (None: vLLM's;
+    sim/app/runs/cudagraph_settings.py), which settle the CUDA graphs whose memory the
+    KV plan deducts unless enforce_eager; performance_mode throughput also doubles the
+    default batch limits (sim/app/runs/defaults.py)."""
 
     model: str | None = None
     gpu: str | None = None
@@ -86,6 +92,12 @@ class RunConfig:
     long_prefill_token_threshold: int = 0
     scheduler_reserve_full_isl: bool = True
     enforce_eager: bool = False
+    cudagraph_mode: str | None = None
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    max_cudagraph_capture_size: int | None = None
+    optimization_level: int | None = None
+    compilation_mode: str | None = None
+    performance_mode: str = "balanced"
     max_tokens: int | None = None
     step_time: float | None = None
     profile: str | None = None
@@ -148,6 +160,7 @@ class RunConfig:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         check_quantization_name(self.quantization)
         check_kv_cache_dtype(self.kv_cache_dtype)
+        check_graph_fields(self)
         if not 0 <= self.swap_space <= MAX_SWAP_SPACE_GIB:
             raise ValueError(f"swap_space must be a number of GiB in [0, {MAX_SWAP_SPACE_GIB}], "
                              f"got {self.swap_space}")
@@ -287,13 +300,16 @@ def config_record(cfg: RunConfig) -> dict[str, Any]:
     when set (read back, its absence is False) and the roofline_* fields only when set
     (a run prepare resolved has them when the roofline priced it, and only then), and
     tokenizer and diurnal_amplitude only when set (only a ShareGPT trace needs the one,
-    only the diurnal process the other), and the disaggregation fields only when set
-    (an aggregated run has none)."""
+    only the diurnal process the other), and the disaggregation and CUDA-graph fields
+    only when set, performance_mode only when not vLLM's default (an aggregated run has
+    none of the one; vLLM's own CUDA-graph settings need none of the other)."""
     out = dataclasses.asdict(cfg)
     if not cfg.allow_long_max_model_len:
         del out["allow_long_max_model_len"]
+    if cfg.performance_mode == RunConfig.performance_mode:
+        del out["performance_mode"]
     for name in (*ROOFLINE_FIELDS, "tokenizer", "diurnal_amplitude", "disagg",
-                 *DISAGG_FIELDS):
+                 *DISAGG_FIELDS, *GRAPH_FIELDS):
         if out[name] is None:
             del out[name]
     return out

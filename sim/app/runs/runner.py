@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from calibration.gpus import GPUSpec
 from calibration.hf_config import context_limit, deployed, resolve_model
-from calibration.memory import KVCachePlan, plan_for
+from calibration.memory import KVCachePlan
 from calibration.roofline import (
     DEFAULT_MEMORY_EFFICIENCY,
     DEFAULT_PER_SEQ_OVERHEAD_S,
@@ -28,30 +28,28 @@ from policies.routers import make_router
 from scenarios.build import build_workload
 from scenarios.workload import Workload
 from sim.app.runs.config_file import absolute_paths
+from sim.app.runs.cudagraph_settings import graph_notes
 from sim.app.runs.defaults import (
     UNBUDGETED_POLICIES,
     UNCHUNKED_POLICIES,
     batch_limits,
     default_prefix_cache,
 )
-from sim.app.runs.device import (
-    check_cpu_pool,
-    profile_kv_cache_bytes,
-    range_warnings,
-    run_device,
+from sim.app.runs.device import range_warnings, run_device
+from sim.app.runs.disagg import (
+    EngineSide,
+    PoolEngine,
+    pool_engines,
+    simulate_disagg_prepared,
 )
-from sim.app.runs.disagg import PoolEngine, pool_engines, simulate_disagg_prepared
+from sim.app.runs.kv_pool import kv_pool
+from sim.app.runs.pools import own_pool_engines
 from sim.app.runs.prompt_content import workload_segments
 from sim.app.runs.resources import check_memory
 from sim.app.runs.run_arrivals import arrival_source
 from sim.app.runs.run_config import MAX_REPLICAS as MAX_REPLICAS
 from sim.app.runs.run_config import ROOFLINE_FIELDS, RunConfig, check_router, sample_trace
-from sim.app.runs.startup_checks import (
-    check_engine,
-    check_kv_cache_memory,
-    check_kv_pool_fits_gpu,
-    engine_platform,
-)
+from sim.app.runs.startup_checks import check_engine, engine_platform
 from sim.config import SchedulerConfig
 from sim.cost_model import ConstantCostModel, CostModel
 from sim.engine import StepExecutor, StepObserver
@@ -85,38 +83,63 @@ def prepare(cfg: RunConfig) -> Prepared:
     Raises ValueError (one line naming the field; a Refused for what vLLM refuses at
     start-up) or FileNotFoundError on bad input.
     """
-    engine = _engine(cfg)
-    check_memory(engine[0])  # before the workload is built: refuse what cannot fit
-    pools = _pools(cfg, engine)
-    return _with_workload(engine, _workload(engine[0]), pools)
+    engine, pools = _engines(cfg, memory=True)
+    return _with_workload(engine, pools, _workload(engine[0]))
 
 
 def prepare_on(cfg: RunConfig, w: Workload) -> Prepared:
     """prepare with its workload already built: a compare cell, one engine of its own
     (its policy's batch limits and KV plan, as a vLLM launch of its own has) on the
     workload every cell shares."""
-    engine = _engine(cfg)
-    return _with_workload(engine, w, _pools(cfg, engine))
+    return _with_workload(*_engines(cfg), w)
 
 
-def _with_workload(engine: _Engine, w: Workload,
-                   pools: dict[str, PoolEngine] | None = None) -> Prepared:
-    cfg, sched, num_blocks, plan, cost, label, model, measured = engine
+def _with_workload(engine: _Engine, pools: dict[str, PoolEngine] | None,
+                   w: Workload) -> Prepared:
+    cfg, sched, num_blocks, plan, cost, label, model, measured, notes = engine
     if cfg.prefix_cache is None:
         sched = dataclasses.replace(sched, prefix_cache=prefix_cache_mode(cfg, w))
     check_router(cfg, sched.prefix_cache)  # before anything is printed or run
+    pool_notes = () if pools is None else tuple(n for e in pools.values() for n in e.notes)
     return Prepared(cfg, sched, w, cost, num_blocks, plan, label, model,
-                    range_warnings(measured, cfg, sched, w), pools)
+                    (*notes, *pool_notes, *range_warnings(measured, cfg, sched, w)), pools)
 
 
-def _pools(cfg: RunConfig, e: _Engine) -> dict[str, PoolEngine] | None:
-    """disagg.pool_engines of ``cfg``, ``e`` its run's engine side; a pool's own engine is
-    prepare's engine side on the pool's config, its memory checked."""
-    def engine_of(c: RunConfig) -> tuple[RunConfig, SchedulerConfig, CostModel, int]:
+def _engines(cfg: RunConfig, memory: bool = False
+             ) -> tuple[_Engine, dict[str, PoolEngine] | None]:
+    """The run's engine side (_engine) and its pools' (disagg.pool_engines), with
+    check_memory on the run's config when ``memory`` (before the workload is built). A
+    pool's own engine is prepare's engine side on the pool's config, its memory checked.
+    Where every pool of a disaggregated run has an engine of its own
+    (pools.own_pool_engines), no pool runs the run's: its KV pool is not planned, so the
+    run's own batch limits and memory share refuse nothing, and it reports the decode
+    pool's KV plan and blocks, as summary.json's kv_cache block does (the decode pool's):
+    the KV capacity run prints, and config.json's resolved num_gpu_blocks,
+    kv_capacity_tokens and kv_plan. Its CUDA-graph notes, of an engine no pool runs, are
+    left out; each pool's own are its PoolEngine's."""
+    if not own_pool_engines(cfg):
+        engine = _engine(cfg)
+        if memory:
+            check_memory(engine[0])
+        return engine, _pools(cfg, engine)
+    pools = _pools(cfg, None)
+    assert pools is not None, "a disaggregated run has pools"
+    decode = pools["decode"]
+    return _engine(cfg, (decode.kv_plan, decode.num_gpu_blocks)), pools
+
+
+def _pools(cfg: RunConfig, e: _Engine | None) -> dict[str, PoolEngine] | None:
+    """disagg.pool_engines of ``cfg``, ``e`` its run's engine side (None where no pool
+    runs it); a pool's own engine is prepare's engine side on the pool's config, its
+    memory checked."""
+    def side(own: _Engine) -> EngineSide:
+        return own[0], own[1], own[4], own[2], own[3], own[8]
+
+    def engine_of(c: RunConfig) -> EngineSide:
         own = _engine(c)
         check_memory(own[0])
-        return own[0], own[1], own[4], own[2]
-    return pool_engines(cfg, (e[0], e[1], e[4], e[2]), engine_of)
+        return side(own)
+    return pool_engines(cfg, None if e is None else side(e), engine_of)
 
 
 def prefix_cache_mode(cfg: RunConfig, w: Workload) -> str:
@@ -131,9 +154,7 @@ def check_config(cfg: RunConfig, workload: bool = True) -> RunConfig:
     plan, scheduler, cost model), without simulating anything; then, when ``workload``,
     check_workload. Returns the config as prepare resolves it (a profile's model). For
     sweep and plan, which check every cell before the first run."""
-    engine = _engine(cfg)
-    _pools(cfg, engine)
-    cfg = engine[0]
+    cfg = _engines(cfg)[0][0]
     if workload:
         check_workload(cfg)
     return cfg
@@ -157,20 +178,21 @@ def _workload(cfg: RunConfig) -> Workload:
     )
 
 
-#: RunConfig's gpu_memory_utilization default (vLLM's), the one value a CPU run may have.
-DEFAULT_GPU_MEMORY_UTILIZATION = RunConfig.__dataclass_fields__["gpu_memory_utilization"].default
-
 #: What prepare's engine side resolves (see _engine).
 _Engine = tuple[RunConfig, SchedulerConfig, int, KVCachePlan, CostModel, str, ModelSpec,
-                "MeasuredRange | None"]
+                "MeasuredRange | None", tuple[str, ...]]
 
 
-def _engine(cfg: RunConfig) -> _Engine:
+def _engine(cfg: RunConfig, kv: tuple[KVCachePlan, int] | None = None) -> _Engine:
     """prepare's engine side: the config (with absolute file paths, vLLM's batch limits
     where unset and the roofline's constants when it prices the run), scheduler config,
     number of GPU blocks, KV plan and cost model with its label, the model's spec as
-    deployed (quantization, KV cache dtype) and the profile's measured range (None
-    without one). vLLM's start-up checks come first (sim/app/runs/startup_checks.py)."""
+    deployed (quantization, KV cache dtype), the profile's measured range (None
+    without one) and what vLLM would warn of the CUDA graphs
+    (cudagraph_settings.graph_notes). vLLM's start-up checks come first
+    (sim/app/runs/startup_checks.py). ``kv``: the KV plan and number of blocks to report
+    instead of planning the KV pool (kv_pool.kv_pool) and its CUDA-graph notes, for the
+    run-level engine of a disaggregated run that no pool runs (_engines)."""
     assert cfg.model is not None and cfg.gpu is not None, "RunConfig resolves them"
     cfg = dataclasses.replace(cfg, **absolute_paths(cfg.trace, cfg.profile, cfg.policy,
                                                     cfg.model, cfg.gpu))
@@ -194,24 +216,12 @@ def _engine(cfg: RunConfig) -> _Engine:
                  max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                  long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                  context_limit=limit)
-    kv_bytes = cfg.kv_cache_memory_bytes
-    if gpu is None and cfg.gpu_memory_utilization != DEFAULT_GPU_MEMORY_UTILIZATION:
-        raise ValueError(f"gpu_memory_utilization {cfg.gpu_memory_utilization:g} applies to a "
-                         f"GPU; on --profile {cfg.profile}'s CPU the KV cache is the profile's "
-                         "(--kv-cache-memory or --num-gpu-blocks resizes it)")
-    if gpu is None and kv_bytes is None:  # the profile's CPU: the cache it was measured with
-        assert profile is not None, "a run on the CPU has a profile (run_device)"
-        kv_bytes = profile_kv_cache_bytes(profile, cfg.profile)
-    assert cfg.dtype is not None, "RunConfig resolves the dtype"
-    plan = plan_for(model, gpu, cfg.dtype, cfg.gpu_memory_utilization, tokens,
-                    cfg.max_num_seqs, cfg.block_size,
-                    tensor_parallel_size=cfg.tensor_parallel_size, kv_cache_memory_bytes=kv_bytes,
-                    cuda_graphs=not cfg.enforce_eager)
-    num_blocks = _num_gpu_blocks(cfg, plan, max_model_len, gpu)
+    plan, num_blocks = kv or kv_pool(cfg, model, gpu, profile, tokens, max_model_len)
     sched = _scheduler_config(cfg, model, max_model_len, tokens)
     cfg, cost, label = _cost_model(cfg, model, gpu, profile)
     measured = None if profile is None else profile.measured_range
-    return cfg, sched, num_blocks, plan, cost, label, model, measured
+    notes = () if kv is not None else graph_notes(cfg, model, gpu)
+    return cfg, sched, num_blocks, plan, cost, label, model, measured, notes
 
 
 def _batch_limits(cfg: RunConfig, gpu: GPUSpec | None,
@@ -220,40 +230,10 @@ def _batch_limits(cfg: RunConfig, gpu: GPUSpec | None,
     step's token count: the budget, or for a policy without one (static) the tokens
     vLLM's profile run would take, which size the KV cache and are not recorded."""
     lim = batch_limits(gpu, cfg.policy, max_model_len, cfg.max_num_seqs,
-                       cfg.max_num_batched_tokens)
+                       cfg.max_num_batched_tokens, cfg.performance_mode == "throughput")
     budget = None if cfg.policy in UNBUDGETED_POLICIES else lim.max_num_batched_tokens
     return (dataclasses.replace(cfg, max_num_seqs=lim.max_num_seqs,
                                 max_num_batched_tokens=budget), lim.max_num_batched_tokens)
-
-
-def _num_gpu_blocks(cfg: RunConfig, plan: KVCachePlan, max_model_len: int,
-                    gpu: GPUSpec | None) -> int:
-    """The pool's blocks: num_gpu_blocks when given (vLLM's num_gpu_blocks_override),
-    else the plan's; either must hold one request of max_model_len tokens, as vLLM checks
-    the override too (startup_checks.check_kv_cache_memory), and a pool sized by hand
-    must fit the GPU (startup_checks.check_kv_pool_fits_gpu) or, on a profile's CPU
-    (``gpu`` None, whose plan is the profile's cache unless sized by hand), a CPU socket
-    (device.check_cpu_pool)."""
-
-    def fits(pool_bytes: int, option: str) -> None:
-        if gpu is None:
-            check_cpu_pool(pool_bytes, option)
-        else:
-            check_kv_pool_fits_gpu(plan, pool_bytes, gpu.total_memory_bytes, option)
-
-    if cfg.num_gpu_blocks is None:
-        if cfg.kv_cache_memory_bytes is None:
-            check_kv_cache_memory(plan, max_model_len, None, "gpu_memory_utilization"
-                                  if gpu is not None else "kv_cache_memory_bytes")
-            return plan.num_gpu_blocks
-        fits(cfg.kv_cache_memory_bytes, "kv_cache_memory_bytes")
-        check_kv_cache_memory(plan, max_model_len, None, "kv_cache_memory_bytes")
-        return plan.num_gpu_blocks
-    if cfg.num_gpu_blocks < 2:
-        raise ValueError(f"num_gpu_blocks must be >= 2, got {cfg.num_gpu_blocks}")
-    fits(cfg.num_gpu_blocks * plan.block_size * plan.kv_bytes_per_token, "num_gpu_blocks")
-    check_kv_cache_memory(plan, max_model_len, cfg.num_gpu_blocks, "num_gpu_blocks")
-    return cfg.num_gpu_blocks
 
 
 def _scheduler_config(cfg: RunConfig, model: ModelSpec, max_model_len: int,

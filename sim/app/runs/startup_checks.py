@@ -222,14 +222,21 @@ def check_kv_cache_memory(plan: KVCachePlan, max_model_len: int,
 
 
 def check_kv_pool_fits_gpu(plan: KVCachePlan, pool_bytes: int, total_memory_bytes: int,
-                           option: str) -> None:
+                           option: str, cudagraph_bytes: int = 0) -> None:
     """A KV cache sized by hand (num_gpu_blocks x block bytes, or kv_cache_memory_bytes)
-    fits the GPU beside the weights and the non-torch memory.
+    fits the GPU beside the weights, the non-torch memory and the ``cudagraph_bytes`` of
+    CUDA graphs vLLM captures after it (0 with --enforce-eager or cudagraph_mode NONE).
 
     vLLM 0.32 allocates the whole cache on the device at start-up (vllm/v1/worker/utils.py
     ``allocate_kv_cache``; with kv_cache_memory_bytes, gpu_worker.py
     ``determine_available_memory`` skips the budget and says "If OOM'ed ..."): a larger
-    one ends in CUDA's out-of-memory error. Sizes per GPU, in bytes."""
+    one ends in CUDA's out-of-memory error. num_gpu_blocks_override replaces the block
+    count that memory allows, with no check against it (vllm/v1/core/kv_cache_utils.py
+    get_kv_cache_configs only logs "Overriding num_gpu_blocks"), and then gpu_worker.py
+    ``compile_or_warm_up_model`` captures the CUDA graphs into what memory is left: a
+    cache that leaves less than vLLM's own estimate of them (the amount its profile
+    deducts from an automatic cache) ends in the same error during capture. Sizes per
+    GPU, in bytes."""
     used = pool_bytes + plan.weights_bytes + plan.non_torch_bytes
     if used > total_memory_bytes:
         raise Refused(
@@ -237,6 +244,14 @@ def check_kv_pool_fits_gpu(plan: KVCachePlan, pool_bytes: int, total_memory_byte
             f"{_gib(total_memory_bytes)} GiB beside {_gib(plan.weights_bytes)} GiB of weights "
             f"and {_gib(plan.non_torch_bytes)} GiB of non-torch memory: vLLM runs out of "
             "CUDA memory allocating it (CUDA out of memory)")
+    if used + cudagraph_bytes > total_memory_bytes:
+        raise Refused(
+            f"{option}: a KV cache of {_gib(pool_bytes)} GiB leaves the GPU's "
+            f"{_gib(total_memory_bytes)} GiB no room, beside {_gib(plan.weights_bytes)} GiB "
+            f"of weights and {_gib(plan.non_torch_bytes)} GiB of non-torch memory, for the "
+            f"{_gib(cudagraph_bytes)} GiB of CUDA graphs vLLM captures after allocating "
+            "it: it runs out of CUDA memory capturing them (CUDA out of memory; "
+            "--enforce-eager captures none)")
 
 
 def _gib(num_bytes: int) -> str:
