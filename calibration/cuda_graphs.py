@@ -101,12 +101,7 @@ def cudagraph_mode_name(value: object) -> str:
     name only, in any case (validate_cudagraph_mode_before: CUDAGraphMode[value.upper()],
     so "1" is refused), an integer by CUDAGraphMode's value, 0, 1 or 2 (pydantic's enum
     validation). Raises ValueError naming cudagraph_mode otherwise."""
-    if isinstance(value, str) and value.upper() in CUDAGRAPH_MODES:
-        return value.upper()
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2:
-        return CUDAGRAPH_MODES[value]
-    raise ValueError(f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)} or the "
-                     f"integer 0, 1 or 2, got {value!r}")
+    return _enum_name(value, CUDAGRAPH_MODES, "cudagraph_mode", 2, "0, 1 or 2")
 
 
 def compilation_mode_name(value: object) -> str:
@@ -114,12 +109,19 @@ def compilation_mode_name(value: object) -> str:
     (CompilationConfig.validate_mode_before): text by name only, in any case ("3" is
     refused), an integer by its value 0-3 (CompilationMode, an IntEnum). Raises
     ValueError naming compilation_mode otherwise."""
-    if isinstance(value, str) and value.upper() in COMPILATION_MODES:
+    return _enum_name(value, COMPILATION_MODES, "compilation_mode", 3, "0-3")
+
+
+def _enum_name(value: object, names: tuple[str, ...], field: str, max_int: int,
+               integers: str) -> str:
+    """``value`` as one of ``names``: a name in any case, or an integer 0..``max_int``
+    indexing them (not a bool, not digit text). Raises ValueError naming ``field``."""
+    if isinstance(value, str) and value.upper() in names:
         return value.upper()
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
-        return COMPILATION_MODES[value]
-    raise ValueError(f"compilation_mode must be one of {', '.join(COMPILATION_MODES)} or "
-                     f"the integer 0-3, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= max_int:
+        return names[value]
+    raise ValueError(f"{field} must be one of {', '.join(names)} or the integer {integers}, "
+                     f"got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
