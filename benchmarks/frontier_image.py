@@ -46,7 +46,8 @@ def main() -> None:
         if res.exit_code != 0:
             raise SystemExit(res.output)
         df = pd.read_csv(work / "sweep" / "sweep.csv")
-        df["error"] = df["error"].fillna("")
+        # An all-empty error column reads as float NaN; the frontier wants text.
+        df["error"] = df["error"].astype(object).fillna("")
         body = frontier_section(aggregate(df, AXES), AXES)
         (work / "frontier.html").write_text(page("servesim sweep: the Pareto frontier", body))
         subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
