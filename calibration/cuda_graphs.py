@@ -96,20 +96,20 @@ first its default: interactivity captures every size 1-32 (_set_cudagraph_sizes)
 throughput doubles the default batch limits (sim/app/runs/defaults.py)."""
 
 
-def cudagraph_mode_name(value: object) -> str:
+def cudagraph_mode_name(value: object, field: str = "cudagraph_mode") -> str:
     """A cudagraph_mode as vLLM 0.32 reads one (vllm/config/compilation.py): text by
     name only, in any case (validate_cudagraph_mode_before: CUDAGraphMode[value.upper()],
     so "1" is refused), an integer by CUDAGraphMode's value, 0, 1 or 2 (pydantic's enum
-    validation). Raises ValueError naming cudagraph_mode otherwise."""
-    return _enum_name(value, CUDAGRAPH_MODES, "cudagraph_mode", 2, "0, 1 or 2")
+    validation). Raises ValueError naming ``field`` otherwise."""
+    return _enum_name(value, CUDAGRAPH_MODES, field, 2, "0, 1 or 2")
 
 
-def compilation_mode_name(value: object) -> str:
+def compilation_mode_name(value: object, field: str = "compilation_mode") -> str:
     """A compilation mode (compilation_config.mode) as vLLM 0.32 reads one
     (CompilationConfig.validate_mode_before): text by name only, in any case ("3" is
     refused), an integer by its value 0-3 (CompilationMode, an IntEnum). Raises
-    ValueError naming compilation_mode otherwise."""
-    return _enum_name(value, COMPILATION_MODES, "compilation_mode", 3, "0-3")
+    ValueError naming ``field`` otherwise."""
+    return _enum_name(value, COMPILATION_MODES, field, 3, "0-3")
 
 
 def _enum_name(value: object, names: tuple[str, ...], field: str, max_int: int,

@@ -145,15 +145,13 @@ def _value(name: str, value: Any, listed: bool) -> Any:
     cudagraph_settings.MODE_FIELDS, as vLLM takes one; ValueError otherwise)."""
     from sim.app.runs.cudagraph_settings import MODE_FIELDS
 
-    if listed:
+    opt = {**OPTIONS, **{o.name: o for o in FRONTEND_OPTIONS}}.get(name)
+    if listed or (opt is not None and opt.list_valued and isinstance(value, list)):
         items = value if isinstance(value, list) else [value]
         return ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in items)
-    opt = {**OPTIONS, **{o.name: o for o in FRONTEND_OPTIONS}}.get(name)
     if opt is None or value is None:
         return value
     types = get_args(opt.type) or (opt.type,)
-    if isinstance(value, list) and opt.list_valued:  # its comma-separated text
-        return ",".join(str(v) for v in value)
     if name in MODE_FIELDS and isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, int) and not isinstance(value, bool) and float in types:

@@ -76,7 +76,7 @@ def read_serve_keys(keys: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
         if top is not None and inner is not None:
             raise ValueError(f"{name} and compilation_config.{name} are mutually exclusive")
     readers: dict[str, Callable[[Any, str], Any]] = {
-        "mode": _compilation_mode, "cudagraph_mode": _cudagraph_mode,
+        "mode": compilation_mode_name, "cudagraph_mode": cudagraph_mode_name,
         "cudagraph_capture_sizes": _sizes, "max_cudagraph_capture_size": _integer}
     for key, field in COMPILATION_KEYS.items():
         if cc.get(key) is not None:
@@ -141,20 +141,6 @@ def _level(value: Any, key: str) -> int:
     if n is None or not 0 <= n <= 3:
         raise ValueError(f"{key} must be 0, 1, 2 or 3, got {value!r}")
     return n
-
-
-def _cudagraph_mode(value: Any, key: str) -> str:
-    try:
-        return cudagraph_mode_name(value)
-    except ValueError as e:
-        raise ValueError(f"{key}{str(e).removeprefix('cudagraph_mode')}") from None
-
-
-def _compilation_mode(value: Any, key: str) -> str:
-    try:
-        return compilation_mode_name(value)
-    except ValueError as e:
-        raise ValueError(f"{key}{str(e).removeprefix('compilation_mode')}") from None
 
 
 def check_graph_fields(cfg: Any) -> None:
