@@ -19,6 +19,7 @@ that priced it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from calibration.gpus import GPUSpec
@@ -296,6 +297,48 @@ class RooflineCostModel:
             price += self._decode_attention_time(shape.decode_context_tokens,
                                                  shape.num_decode_seqs)
         return price
+
+    def chunk_run_times(self, num_tokens: int, has_output: bool, computed: int,
+                        chunks: Sequence[int], num_group_decodes: int,
+                        group_context_tokens: int, growth: int, start: float = 0.0,
+                        until: float = math.inf) -> list[float]:
+        """step_time of ``sim.batch.chunk_shape(num_tokens, has_output, c_j, n_j,
+        num_group_decodes, group_context_tokens + j * growth)`` for each chunk ``n_j`` of
+        ``chunks``, c_j the computed tokens before it (``computed`` before the first):
+        the same arithmetic in the same order (bit-identical results), without a
+        BatchShape per step. ``until`` stops as decode_run_times stops. The engine's
+        chunk runs (sim/chunk_run.py) price their steps with it (this makes the model a
+        ``sim.interface.BulkChunkPricer``)."""
+        g = num_group_decodes
+        if not g:  # chunk_shape counts the group's context only with its decodes
+            group_context_tokens = growth = 0
+        ctx = group_context_tokens
+        token_times: dict[tuple[int, int], float] = {}  # equal chunks: equal token times
+        out: list[float] = []
+        c, t = computed, start
+        for j, n in enumerate(chunks):
+            if j and t >= until:
+                break
+            if n == 1 and has_output:  # priced as one more decode
+                price = (self._token_time(1 + g, 1 + g, 1 + g)
+                         + self._decode_attention_time(c + 1 + ctx, 1 + g))
+            else:
+                sampled = g + 1 if c + n >= num_tokens else g
+                cached = token_times.get((n, sampled))
+                if cached is None:
+                    cached = token_times[n, sampled] = self._token_time(n + g, sampled, 1 + g)
+                price = cached
+                a = self._attention_flops_per_pair * (n * c + n * (n + 1) // 2) \
+                    * self._seconds_per_flop
+                b = self._kv_bytes_per_token * (c + n) * self._seconds_per_byte
+                price += a if a > b else b
+                if g:
+                    price += self._decode_attention_time(ctx, g)
+            out.append(price)
+            t = t + price
+            c += n
+            ctx += growth
+        return out
 
     def decode_run_times(self, num_decode_seqs: int, num_sampled_seqs: int,
                          decode_context_tokens: int, growth: int, num_steps: int,

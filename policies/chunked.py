@@ -81,8 +81,8 @@ class ChunkedPolicy(QueuePolicy):
         threshold = self._prefill_threshold()
         chunk = threshold if threshold and threshold < budget else budget
         admits = len(self.waiting) > 0 and len(running) < cfg.max_num_seqs
-        if admits and chunk < budget:
-            return None  # every step leaves budget for an admission
+        if admits and (chunk < budget or rest <= chunk):
+            return None  # every step, or its one step (its last chunk), may admit
         return SteadyDecode(group.members, running,
                             BatchShape(0, 0, 0, 0, g, group.ctx_sum, g), g, group,
                             ChunkedPrefill(req, chunk, not admits))

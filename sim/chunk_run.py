@@ -9,7 +9,7 @@ tests/test_prefill_runs.py compares the paths.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sim.batch import BatchShape, SteadyDecode, chunk_shape
 from sim.decode_group import DecodeGroup
@@ -23,15 +23,22 @@ from sim.run_times import cut_run, run_limit
 #: prefill's chunks before its last).
 ChunkPlan = tuple[list[float], list[float], list[int], bool]
 
+#: Prices a chunk run's steps (BulkChunkPricer.chunk_run_times).
+ChunkPricer = Callable[[int, bool, int, Sequence[int], int, int, int, float, float],
+                       list[float]]
+
 
 def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
                    step_time: Callable[[BatchShape], float], now: float, max_steps: int,
-                   next_arrival: float | None, end_before: float | None) -> ChunkPlan | None:
+                   next_arrival: float | None, end_before: float | None,
+                   price_chunks: ChunkPricer | None = None) -> ChunkPlan | None:
     """The longest safe run of ``steady``'s group beside its prefill's chunks, from
     ``now`` (s): up to the step in which a member finishes or the prefill samples (its
     last chunk, when the promise covers it), while the blocks of both fit, at most
     ``max_steps``, cut before an arrival or a routing instant as step_times cuts. One
-    step is worth a run: it skips schedule(). None when no step is safe."""
+    step is worth a run: it skips schedule(). None when no step is safe.
+    ``price_chunks``: the cost model's chunk_run_times, when it has one (else each step
+    is priced by ``step_time``)."""
     group, prefill = steady.group, steady.prefill
     assert group is not None and prefill is not None, "a prefill runs beside a group"
     req = prefill.request
@@ -43,7 +50,8 @@ def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
                                         kv.num_free_blocks)]
     if not chunks:
         return None
-    times, dts = prefill_step_times(steady, chunks, step_time, now, next_arrival, end_before)
+    times, dts = prefill_step_times(steady, chunks, step_time, now, next_arrival, end_before,
+                                    price_chunks)
     if len(times) < 2:
         return None
     k = len(dts)
@@ -194,11 +202,13 @@ def prefill_safe_steps(group: DecodeGroup, req: Request, chunks: Sequence[int],
 
 def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
                        step_time: Callable[[BatchShape], float], start: float,
-                       next_arrival: float | None, end_before: float | None
+                       next_arrival: float | None, end_before: float | None,
+                       price_chunks: ChunkPricer | None = None
                        ) -> tuple[list[float], list[float]]:
     """step_times for a run of the decode group beside ``chunks`` of the promise's
     prefill: each step priced as shape_of prices the chunk next to the members'
-    decodes (sim.batch.chunk_shape), cut as step_times cuts."""
+    decodes (sim.batch.chunk_shape; by ``price_chunks`` in one call when given), cut as
+    step_times cuts."""
     prefill = steady.prefill
     assert prefill is not None
     req = prefill.request
@@ -206,11 +216,17 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
     has_output = req.num_output_tokens > 0
     g, growth = steady.shape.num_decode_seqs, steady.context_growth
     ctx = steady.shape.decode_context_tokens  # chunk_shape ignores it without decodes
-    def prices() -> Iterator[float]:  # priced lazily: cut_run may stop before the last
-        c = req.num_computed_tokens
-        for j, n in enumerate(chunks):
-            yield step_time(chunk_shape(num_tokens, has_output, c, n, g, ctx + j * growth))
-            c += n
+    limit = run_limit(next_arrival, end_before)
+    prices: Iterable[float]
+    if price_chunks is not None:  # priced only up to the step that would see the arrival
+        prices = price_chunks(num_tokens, has_output, req.num_computed_tokens, chunks, g,
+                              ctx, growth, start, limit)
+    else:
+        def priced() -> Iterator[float]:  # lazily: cut_run may stop before the last
+            c = req.num_computed_tokens
+            for j, n in enumerate(chunks):
+                yield step_time(chunk_shape(num_tokens, has_output, c, n, g, ctx + j * growth))
+                c += n
 
-    return cut_run(prices(), start, run_limit(next_arrival, end_before), end_before,
-                   min_steps=0)
+        prices = priced()
+    return cut_run(prices, start, limit, end_before, min_steps=0)

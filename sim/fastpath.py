@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from sim.batch import BatchShape, SteadyDecode
-from sim.chunk_run import apply_chunk_run, plan_chunk_run
+from sim.chunk_run import ChunkPricer, apply_chunk_run, plan_chunk_run
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.decode_group import DecodeGroup
 from sim.interface import (
+    BulkChunkPricer,
     BulkDecodePricer,
     GroupDecoder,
     RoutedArrivals,
@@ -70,7 +71,7 @@ class FastPath:
     """
 
     __slots__ = ("_advance", "_cost_model", "_kv", "_max_seqs", "_next_arrival", "_policy",
-                 "_price_run", "_rec", "_routing_time", "_steady")
+                 "_price_chunks", "_price_run", "_rec", "_routing_time", "_steady")
 
     def __init__(self, policy: Scheduler, kv: KVCacheManager, config: SchedulerConfig,
                  cost_model: CostModel, arrivals: ArrivalSource, recorder: Recorder) -> None:
@@ -86,6 +87,8 @@ class FastPath:
         self._advance = policy.advance if isinstance(policy, StepCounter) else None
         self._price_run: RunPricer | None = (
             cost_model.decode_run_times if isinstance(cost_model, BulkDecodePricer) else None)
+        self._price_chunks: ChunkPricer | None = (
+            cost_model.chunk_run_times if isinstance(cost_model, BulkChunkPricer) else None)
         # A cluster's inbox: runs end before the router's next routing instant, where it
         # reads this engine's state as the step-by-step engine would have it, and stop
         # before the next arrival it knows is routed here.
@@ -132,7 +135,8 @@ class FastPath:
         """plan() for the decode group beside a prefill's chunks (sim/chunk_run.py)."""
         end_before = self._routing_time() if self._routing_time is not None else None
         planned = plan_chunk_run(steady, self._kv, self._cost_model.step_time, now,
-                                 MAX_RUN_STEPS, self._next_arrival(), end_before)
+                                 MAX_RUN_STEPS, self._next_arrival(), end_before,
+                                 self._price_chunks)
         if planned is None:
             return None
         times, dts, chunks, samples = planned

@@ -138,6 +138,22 @@ class BulkDecodePricer(Protocol):
         (s) when the first starts at ``start`` (s) and the steps run back to back."""
         ...
 
+@runtime_checkable
+class BulkChunkPricer(Protocol):
+    """Optional: a cost model that prices a chunk run's steps (the decode group beside one
+    request's prefill chunks, sim/chunk_run.py) in one call, bit-identical to its
+    step_time of each step's ``sim.batch.chunk_shape`` (calibration/roofline.py)."""
+
+    def chunk_run_times(self, num_tokens: int, has_output: bool, computed: int,
+                        chunks: Sequence[int], num_group_decodes: int,
+                        group_context_tokens: int, growth: int, start: float = 0.0,
+                        until: float = math.inf) -> list[float]:
+        """step_time of chunk_shape(num_tokens, has_output, c_j, n_j, num_group_decodes,
+        group_context_tokens + j * growth) for each chunk n_j, c_j the computed tokens
+        before it (``computed`` before the first); ``until`` (s) stops as
+        BulkDecodePricer.decode_run_times stops."""
+        ...
+
 # -- routing: what the cluster calls on a router --
 
 # A router sees each replica through this read-only view, and says where a request goes

@@ -248,6 +248,40 @@ def test_decode_run_times_equal_step_time_bit_for_bit() -> None:
             assert rl.decode_run_times(n, n, ctx, growth, 50, 100.0, 99.0) == want[:1]
 
 
+def test_chunk_run_times_equal_step_time_of_chunk_shapes_bit_for_bit() -> None:
+    from calibration.roofline import RooflineCostModel
+    from sim.batch import chunk_shape
+
+    for model, gpu in (("llama-3.1-8b", "h100-sxm"), ("mixtral-8x7b", "h200-sxm")):
+        rl = RooflineCostModel(get_model(model), get_gpu(gpu))
+        # (prompt + output tokens, sampled before, computed, chunks, members, their context):
+        # a first prefill, a tail chunk that samples, a lone prefill (its group's context
+        # ignored), a recomputed request's one-token chunk (priced as a decode).
+        for num_tokens, has_output, computed, chunks, g, ctx in (
+                (2_000, False, 0, [480, 480, 480, 480, 80], 32, 40_000),
+                (1_100, False, 600, [500], 12, 9_000),
+                (5_000, False, 1_024, [2_048, 1_928], 0, 777),
+                (801, True, 800, [1], 5, 4_000)):
+            growth = g
+            want, c = [], computed
+            for j, n in enumerate(chunks):
+                want.append(rl.step_time(chunk_shape(num_tokens, has_output, c, n, g,
+                                                     ctx + j * growth)))
+                c += n
+            got = rl.chunk_run_times(num_tokens, has_output, computed, chunks, g, ctx, growth)
+            assert got == want
+            # With a deadline: the steps whose start (back to back from 50.0) comes
+            # before it, and always the first; the next step starts exactly at it.
+            k = min(2, len(chunks))
+            until = 50.0
+            for price in want[:k]:
+                until = until + price
+            assert rl.chunk_run_times(num_tokens, has_output, computed, chunks, g, ctx,
+                                      growth, 50.0, until) == want[:k]
+            assert rl.chunk_run_times(num_tokens, has_output, computed, chunks, g, ctx,
+                                      growth, 50.0, 49.0) == want[:1]
+
+
 def test_fp8_weights_run_linear_layers_at_the_fp8_peak_and_read_half_the_bytes() -> None:
     from calibration.quantization import from_name
 
