@@ -1,8 +1,7 @@
 """The CUDA graphs vLLM captures at start-up and the memory it sets aside for them. Owns
 the CUDA-graph settings (CudaGraphConfig: vLLM's cudagraph_mode, cudagraph_capture_sizes,
 max_cudagraph_capture_size, optimization level, compilation mode and performance mode, and
-the mode they settle), which GPU's attention backend takes full graphs of mixed batches
-(full_cudagraph_support), the capture sizes, the graphs each mode captures, and the
+the mode they settle), the capture sizes, the graphs each mode captures, and the
 CUDA-graph memory estimate that calibration/memory.py takes from the KV-cache budget.
 
 From vLLM 0.21 the GPU worker measures what capturing the graphs will hold and deducts it
@@ -25,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calibration.attention_backends import COMPUTE_CAPABILITY_MAJOR
 from calibration.specs import GIB
 
 MIB = 1 << 20
@@ -34,18 +34,6 @@ DEFAULT_MAX_CAPTURE_SIZE = 512
 family 100), BLACKWELL_MAX_CAPTURE_SIZE."""
 
 BLACKWELL_MAX_CAPTURE_SIZE = 1024
-
-COMPUTE_CAPABILITY_MAJOR = {
-    "a100-40gb": 8, "a100-80gb": 8, "l4": 8, "l40s": 8, "rtx-3060": 8, "rtx-3090": 8,
-    "rtx-4090": 8, "h100-sxm": 9, "h100-pcie": 9, "h200-sxm": 9, "b200": 10, "rtx-5090": 12}
-"""The major CUDA compute capability of each NVIDIA GPU preset (NVIDIA's CUDA GPUs table,
-developer.nvidia.com/cuda-gpus: A100 8.0, RTX 30xx 8.6, L4, L40S and RTX 4090 8.9, H100
-and H200 9.0, B200 10.0, RTX 5090 12.0), which picks vLLM's attention backend and its
-largest default capture size. GPUSpec records no capability: a GPU spec file's GPU has
-none known here."""
-
-ROCM_GPUS = frozenset({"mi300x"})
-"""GPU presets vLLM runs on its ROCm platform (AMD Instinct MI300X, gfx942)."""
 
 BLACKWELL_DATA_CENTRE_GPUS = frozenset(
     name for name, major in COMPUTE_CAPABILITY_MAJOR.items() if major == 10)
@@ -223,47 +211,6 @@ class CudaGraphConfig:
         if mode != "FULL" or full_mixed_batches is not False:
             return mode
         return "FULL_AND_PIECEWISE" if self.compilation == "VLLM_COMPILE" else "FULL_DECODE_ONLY"
-
-
-#: The kernel block sizes of FLASHINFER_MLA, vLLM 0.32's first MLA backend on compute
-#: capability 10.x (get_supported_kernel_block_sizes, mla/flashinfer_mla.py).
-FLASHINFER_MLA_BLOCK_SIZES = (32, 64)
-
-
-def full_cudagraph_support(gpu_name: str, mla: bool = False,
-                           block_size: int | None = None) -> bool | None:
-    """Whether the attention backend vLLM 0.32 picks by default on the GPU preset
-    ``gpu_name`` runs mixed prefill-decode batches in one full CUDA graph
-    (AttentionCGSupport.ALWAYS), for a model with multi-head latent attention (``mla``)
-    or without; None for a GPU no preset names (a GPU spec file: GPUSpec records no
-    compute capability), whose FULL is kept as given.
-
-    Without MLA, on CUDA (vllm/platforms/cuda.py _get_backend_priorities): FlashAttention
-    everywhere but compute capability 10.x, where FlashInfer comes first.
-    FlashAttentionMetadataBuilder._cudagraph_support (v1/attention/backends/flash_attn.py)
-    is ALWAYS only with FlashAttention 3, which get_flash_attn_version
-    (v1/attention/backends/fa_utils.py) picks on 9.x only (4 on 10.x, 2 elsewhere), and
-    FlashInferMetadataBuilder.get_cudagraph_support (flashinfer.py) is UNIFORM_BATCH at
-    best: ALWAYS on H100 and H200 only. On ROCm (vllm/platforms/rocm.py): ROCM_ATTN first,
-    ALWAYS (rocm_attn.py). With MLA: FLASHINFER_MLA first on 10.x, ALWAYS
-    (mla/flashinfer_mla.py), but only for a ``block_size`` its kernels take: a multiple
-    of 32 (AttentionBackend.supports_block_size, v1/attention/backend.py, takes a cache
-    block size that any of its kernel sizes 32, 64 divides); at another, such as 16,
-    the selector passes over it (get_valid_backends: "block_size not supported") to
-    CUTLASS_MLA, FLASHMLA or TRITON_MLA, none ALWAYS. ``block_size`` None: vLLM picks it
-    (no --block-size), FLASHINFER_MLA's 32 (get_preferred_block_size). FLASH_ATTN_MLA,
-    FLASHMLA, TRITON_MLA or ROCM_AITER_MLA elsewhere, UNIFORM_BATCH. Not modelled: a
-    backend or FlashAttention version chosen by hand, FA3's fallbacks for head sizes
-    above 256."""
-    if gpu_name in ROCM_GPUS:
-        return not mla
-    major = COMPUTE_CAPABILITY_MAJOR.get(gpu_name)
-    if major is None:
-        return None
-    if not mla:
-        return major == 9
-    return major == 10 and (block_size is None
-                            or any(block_size % k == 0 for k in FLASHINFER_MLA_BLOCK_SIZES))
 
 
 def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,

@@ -29,12 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from calibration.cuda_graphs import (
-    CudaGraphConfig,
-    cudagraph_memory_bytes,
-    full_cudagraph_support,
-    max_capture_size,
-)
+from calibration.attention_backends import full_cudagraph_support
+from calibration.cuda_graphs import CudaGraphConfig, cudagraph_memory_bytes, max_capture_size
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 
@@ -291,7 +287,8 @@ def cudagraph_bytes_for(model: ModelSpec, gpu: GPUSpec, max_num_batched_tokens: 
     mixed batches in one full graph (full_cudagraph_support, by the GPU preset, the
     model's attention, MLA or not, and for MLA the cache's ``block_size``; a GPU spec
     file's keeps FULL as given)."""
-    mixed = full_cudagraph_support(gpu.name, model.kv_lora_rank is not None, block_size)
+    mixed = full_cudagraph_support(gpu.name, model.kv_lora_rank is not None, block_size,
+                                   model.qk_nope_head_dim)
     return cudagraph_memory_bytes(model.num_layers, max_num_seqs, max_num_batched_tokens,
                                   max_capture_size(gpu.name), config, mixed)
 

@@ -149,6 +149,12 @@ class ModelSpec:
         return self.num_layers - self.num_dense_layers if self.num_experts > 1 else 0
 
     @property
+    def qk_nope_head_dim(self) -> int:
+        """The part of a query/key head without rotary embedding: head_dim less
+        qk_rope_head_dim for MLA, head_dim otherwise (HF DeepSeek configs' name)."""
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
     def expert_intermediate_size(self) -> int:
         """One routed expert's width: moe_intermediate_size, else intermediate_size."""
         return self.moe_intermediate_size or self.intermediate_size

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from calibration.attention_backends import full_cudagraph_support
 from calibration.cuda_graphs import (
     CUDA_GRAPH_BYTES_PER_GRAPH_LAYER,
     CUDA_GRAPH_FIRST_CAPTURE_BYTES,
@@ -19,7 +20,6 @@ from calibration.cuda_graphs import (
     cudagraph_counts,
     cudagraph_memory_bytes,
     cudagraph_mode_name,
-    full_cudagraph_support,
     max_capture_size,
 )
 from calibration.gpus import get_gpu, list_gpus
@@ -249,7 +249,7 @@ def test_a_compilation_mode_is_a_name_or_an_integer_value() -> None:
 
 
 def test_every_gpu_preset_has_a_known_attention_platform() -> None:
-    from calibration.cuda_graphs import COMPUTE_CAPABILITY_MAJOR, ROCM_GPUS
+    from calibration.attention_backends import COMPUTE_CAPABILITY_MAJOR, ROCM_GPUS
 
     assert set(list_gpus()) == set(COMPUTE_CAPABILITY_MAJOR) | ROCM_GPUS
 

@@ -15,12 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from calibration.cuda_graphs import (
-    CudaGraphConfig,
-    compilation_mode_name,
-    cudagraph_mode_name,
-    full_cudagraph_support,
-)
+from calibration.attention_backends import full_cudagraph_support
+from calibration.cuda_graphs import CudaGraphConfig, compilation_mode_name, cudagraph_mode_name
 
 #: RunConfig's CUDA-graph fields, vLLM's names (None: vLLM's default; config.json records
 #: them only when set): compilation_config's cudagraph_mode, cudagraph_capture_sizes and
@@ -189,12 +185,14 @@ def graph_notes(cfg: Any, model: Any, gpu: Any) -> tuple[str, ...]:
     if graphs is None or graphs.cudagraph_mode is None or gpu is None:
         return ()
     mla = model.kv_lora_rank is not None
-    mixed = full_cudagraph_support(gpu.name, mla, cfg.block_size)
+    nope = model.qk_nope_head_dim
+    mixed = full_cudagraph_support(gpu.name, mla, cfg.block_size, nope)
     mode = graphs.runtime_mode(mixed)
     if mode == graphs.cudagraph_mode:
         return ()
     if mode != graphs.mode:
-        at = ("" if mixed is not False or not full_cudagraph_support(gpu.name, mla)
+        at = ("" if mixed is not False
+              or not full_cudagraph_support(gpu.name, mla, qk_nope_head_dim=nope)
               else f" at block_size {cfg.block_size}")  # only the block size stops it
         why = (f"the attention backend it picks on {gpu.name}{at} takes full CUDA graphs "
                "of uniform decode batches only: resolve_cudagraph_mode_and_sizes")

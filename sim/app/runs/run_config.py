@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from calibration.hf_config import resolve_model
 from calibration.quantization import check_kv_cache_dtype, check_quantization_name
 from calibration.specs import DTYPE_BYTES, ModelSpec
 from policies.routers import ROUTERS, check_prefix_cache
@@ -224,7 +225,8 @@ def _resolve_defaults(cfg: RunConfig) -> None:
     one read of its profile (a replace() keeps them): the profile's model, else
     DEFAULT_MODEL; the profile's device, else the default GPU (device.default_device);
     the profile's dtype, else AUTO_DTYPE; the block size vLLM
-    picks on the run's engine (startup_checks.default_block_size). ValueError naming the
+    picks on the run's engine, GPU and model (startup_checks.default_block_size; for an
+    MLA model, its attention backend's). ValueError naming the
     file for a bad profile, or --gpu when no preset names the profile's GPU."""
     profile = None if cfg.profile is None else _load_profile(cfg.profile)
     spec = None if profile is None else ModelSpec(**profile.model)
@@ -236,7 +238,13 @@ def _resolve_defaults(cfg: RunConfig) -> None:
         object.__setattr__(cfg, "dtype", AUTO_DTYPE if profile is None else profile.dtype)
     if cfg.block_size is None:
         platform = engine_platform(cfg.step_time, profile)
-        object.__setattr__(cfg, "block_size", default_block_size(platform, spec))
+        if spec is None and platform == "cuda" and cfg.model is not None:
+            try:  # an MLA model's backend picks its block size
+                spec = resolve_model(cfg.model)
+            except ValueError:
+                spec = None  # the run names the model where it resolves it
+        object.__setattr__(cfg, "block_size", default_block_size(
+            platform, spec, cfg.gpu, cfg.kv_cache_dtype))
 
 
 #: RunConfig's roofline fields and the calibration.roofline.RooflineCostModel arguments

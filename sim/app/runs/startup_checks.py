@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from calibration.attention_backends import mla_default_block_size
 from calibration.hf_config import ContextLimit
 from calibration.memory import KVCachePlan, check_max_model_len
 from calibration.specs import ModelSpec
@@ -59,13 +60,22 @@ def engine_platform(step_time: float | None, profile: Profile | None) -> str | N
     return "cpu" if profile.engine.get("name") == "vllm" else None
 
 
-def default_block_size(platform: str | None, model: ModelSpec | None) -> int:
+def default_block_size(platform: str | None, model: ModelSpec | None,
+                       gpu_name: str | None = None, kv_cache_dtype: str = "auto") -> int:
     """The block size vLLM 0.32 starts with when the user gives none: 128 on its CPU
     platform for a model without MLA (an MLA model gets 16 there, given or not:
-    vllm/platforms/cpu.py ``check_and_update_config``), else CacheConfig's 16.
+    vllm/platforms/cpu.py ``check_and_update_config``); on a GPU, for an MLA model, the
+    preferred block size of the MLA backend it picks on ``gpu_name`` for
+    ``kv_cache_dtype`` (calibration.attention_backends.mla_default_block_size: 32 on a
+    B200, 64 on an H100 or H200 with an FP8 KV cache); else CacheConfig's 16.
     ``platform`` as engine_platform; ``model`` the run's (None: not an MLA model)."""
     mla = model is not None and model.kv_lora_rank is not None
-    return CPU_DEFAULT_BLOCK_SIZE if platform == "cpu" and not mla else DEFAULT_BLOCK_SIZE
+    if platform == "cpu":
+        return DEFAULT_BLOCK_SIZE if mla else CPU_DEFAULT_BLOCK_SIZE
+    if platform == "cuda" and mla and gpu_name is not None:
+        assert model is not None
+        return mla_default_block_size(gpu_name, model.qk_nope_head_dim, kv_cache_dtype)
+    return DEFAULT_BLOCK_SIZE
 
 
 def check_max_model_len_within_model(max_model_len: int, model: ModelSpec,
