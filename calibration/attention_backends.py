@@ -50,26 +50,37 @@ def _accepts(backend: str, block_size: int | None) -> bool:
                                      for k in MLA_KERNEL_BLOCK_SIZES[backend])
 
 
+MLA_HEAD_SIZES = (320, 512, 576)
+"""The latent head sizes (kv_lora_rank + qk_rope_head_dim) every MLA backend but
+TRITON_MLA takes (MLACommonBackend.get_supported_head_sizes,
+model_executor/layers/attention/mla_attention.py); TRITON_MLA takes any."""
+
+
 def mla_backend(gpu_name: str, qk_nope_head_dim: int, kv_cache_dtype: str = "auto",
-                block_size: int | None = None) -> str | None:
+                block_size: int | None = None, head_size: int = 576) -> str | None:
     """The MLA attention backend vLLM 0.32 picks for a model with multi-head latent
     attention on the GPU preset ``gpu_name`` (None for a GPU no preset names: a spec
     file's GPU has no compute capability known here), with ``block_size`` None when the
     user gives none.
 
     Compute capability 10.x: FLASHINFER_MLA (qk_nope_head_dim 64, 128 or 192), then
-    CUTLASS_MLA, FLASHMLA, TRITON_MLA (TOKENSPEED_MLA, second in vLLM's list, takes
+    CUTLASS_MLA, then TRITON_MLA (TOKENSPEED_MLA, second in vLLM's list, takes
     DeepSeek-R1's dimensions with an FP8 KV cache only, which FLASHINFER_MLA takes
-    first; not modelled). 9.x: FLASH_ATTN_MLA (no FP8 KV cache), then FLASHMLA, then
-    TRITON_MLA. Other CUDA GPUs (8.x, 12.x): TRITON_MLA. ROCm: TRITON_MLA (ROCM_AITER_MLA
-    only with VLLM_ROCM_USE_AITER, off by default; it takes any block size)."""
+    first; FLASHMLA's dense kernel runs on 9.x only: is_flashmla_dense_supported).
+    9.x: FLASH_ATTN_MLA (no FP8 KV cache), then FLASHMLA, then TRITON_MLA. Other CUDA
+    GPUs (8.x, 12.x): TRITON_MLA. ROCm: TRITON_MLA (ROCM_AITER_MLA only with
+    VLLM_ROCM_USE_AITER, off by default; it takes any block size). A ``head_size``
+    (kv_lora_rank + qk_rope_head_dim) outside MLA_HEAD_SIZES: TRITON_MLA. Not modelled:
+    the sparse MLA backends (models with index_topk)."""
     if gpu_name in ROCM_GPUS:
         return "TRITON_MLA"
     major = COMPUTE_CAPABILITY_MAJOR.get(gpu_name)
     if major is None:
         return None
+    if head_size not in MLA_HEAD_SIZES:
+        return "TRITON_MLA"
     if major == 10:
-        candidates = ["CUTLASS_MLA", "FLASHMLA", "TRITON_MLA"]
+        candidates = ["CUTLASS_MLA", "TRITON_MLA"]
         if qk_nope_head_dim in FLASHINFER_MLA_QK_NOPE_HEAD_DIMS:
             candidates.insert(0, "FLASHINFER_MLA")
     elif major == 9:
@@ -82,24 +93,25 @@ def mla_backend(gpu_name: str, qk_nope_head_dim: int, kv_cache_dtype: str = "aut
 
 
 def mla_default_block_size(gpu_name: str, qk_nope_head_dim: int,
-                           kv_cache_dtype: str = "auto") -> int:
+                           kv_cache_dtype: str = "auto", head_size: int = 576) -> int:
     """The block size vLLM 0.32 starts an MLA model with on ``gpu_name`` when the user
     gives none: the picked backend's preferred size (16 where it takes 16, else its
     smallest kernel block size). B200 with FLASHINFER_MLA: 32; H100 or H200 with an FP8
     KV cache (FLASHMLA): 64; CacheConfig's 16 elsewhere and for a GPU no preset names."""
-    backend = mla_backend(gpu_name, qk_nope_head_dim, kv_cache_dtype)
+    backend = mla_backend(gpu_name, qk_nope_head_dim, kv_cache_dtype, head_size=head_size)
     if backend is None or _accepts(backend, DEFAULT_BLOCK_SIZE):
         return DEFAULT_BLOCK_SIZE
     return min(MLA_KERNEL_BLOCK_SIZES[backend])
 
 
 def full_cudagraph_support(gpu_name: str, mla: bool = False, block_size: int | None = None,
-                           qk_nope_head_dim: int = 128) -> bool | None:
+                           qk_nope_head_dim: int = 128, head_size: int = 576) -> bool | None:
     """Whether the attention backend vLLM 0.32 picks by default on the GPU preset
     ``gpu_name`` runs mixed prefill-decode batches in one full CUDA graph
     (AttentionCGSupport.ALWAYS), for a model with multi-head latent attention (``mla``,
-    its ``qk_nope_head_dim``) or without; None for a GPU no preset names (a GPU spec
-    file: GPUSpec records no compute capability), whose FULL is kept as given.
+    its ``qk_nope_head_dim`` and latent ``head_size``) or without; None for a GPU no
+    preset names (a GPU spec file: GPUSpec records no compute capability), whose FULL is
+    kept as given.
 
     Without MLA, on CUDA (vllm/platforms/cuda.py _get_backend_priorities): FlashAttention
     everywhere but compute capability 10.x, where FlashInfer comes first.
@@ -121,4 +133,5 @@ def full_cudagraph_support(gpu_name: str, mla: bool = False, block_size: int | N
         return None
     if not mla:
         return major == 9
-    return mla_backend(gpu_name, qk_nope_head_dim, block_size=block_size) == "FLASHINFER_MLA"
+    return mla_backend(gpu_name, qk_nope_head_dim, block_size=block_size,
+                       head_size=head_size) == "FLASHINFER_MLA"

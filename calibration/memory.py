@@ -288,7 +288,7 @@ def cudagraph_bytes_for(model: ModelSpec, gpu: GPUSpec, max_num_batched_tokens: 
     model's attention, MLA or not, and for MLA the cache's ``block_size``; a GPU spec
     file's keeps FULL as given)."""
     mixed = full_cudagraph_support(gpu.name, model.kv_lora_rank is not None, block_size,
-                                   model.qk_nope_head_dim)
+                                   model.qk_nope_head_dim, model.attention_head_size)
     return cudagraph_memory_bytes(model.num_layers, max_num_seqs, max_num_batched_tokens,
                                   max_capture_size(gpu.name), config, mixed)
 

@@ -155,6 +155,14 @@ class ModelSpec:
         return self.head_dim - self.qk_rope_head_dim
 
     @property
+    def attention_head_size(self) -> int:
+        """The head size vLLM's attention backends see: kv_lora_rank + qk_rope_head_dim for
+        MLA (the latent; MLAAttention's head_size), head_dim otherwise."""
+        if self.kv_lora_rank is not None:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return self.head_dim
+
+    @property
     def expert_intermediate_size(self) -> int:
         """One routed expert's width: moe_intermediate_size, else intermediate_size."""
         return self.moe_intermediate_size or self.intermediate_size

@@ -41,20 +41,42 @@ def test_a_given_block_size_passes_over_the_backends_that_cannot_take_it() -> No
     # The selector checks a user's block size against each backend's kernels in turn.
     assert mla_backend("b200", 128, block_size=16) == "TRITON_MLA"
     assert mla_backend("b200", 128, block_size=64) == "FLASHINFER_MLA"
-    assert mla_backend("b200", 96, block_size=64) == "FLASHMLA"
+    # FlashMLA's dense kernel runs on 9.x only: on a B200 Triton-MLA takes 64.
+    assert mla_backend("b200", 96, block_size=64) == "TRITON_MLA"
+    assert mla_backend("h100-sxm", 128, "fp8", block_size=64) == "FLASHMLA"
     assert mla_backend("h100-sxm", 128, "fp8", block_size=16) == "TRITON_MLA"
+
+
+def test_a_latent_head_size_only_triton_mla_takes_keeps_16() -> None:
+    # MLACommonBackend.get_supported_head_sizes: 320, 512 or 576 (kv_lora_rank +
+    # qk_rope_head_dim); TRITON_MLA takes any.
+    assert mla_backend("b200", 128, head_size=320) == "FLASHINFER_MLA"
+    assert mla_backend("b200", 128, head_size=288) == "TRITON_MLA"
+    assert mla_default_block_size("h100-sxm", 128, "fp8", head_size=288) == 16
 
 
 @pytest.mark.parametrize(("model", "gpu", "kv", "block_size"), [
     (DEEPSEEK_V2_LITE, "b200", "auto", 32), (DEEPSEEK_V2_LITE, "h100-sxm", "fp8", 64),
     (DEEPSEEK_V2_LITE, "h100-sxm", "auto", 16), (DEEPSEEK_V2_LITE, "a100-80gb", "auto", 16),
     ("llama-3.1-8b", "b200", "auto", 16), ("llama-3.1-8b", "h100-sxm", "fp8", 16),
+    # A preset's alias, in any case.
+    (DEEPSEEK_V2_LITE, "B200", "auto", 32), (DEEPSEEK_V2_LITE, "H100-SXM", "fp8", 64),
 ])
 def test_a_run_without_block_size_takes_vllms(model: str, gpu: str, kv: str,
                                               block_size: int) -> None:
     assert RunConfig(model=model, gpu=gpu, kv_cache_dtype=kv).block_size == block_size
     # A block size given is kept.
     assert RunConfig(model=model, gpu=gpu, kv_cache_dtype=kv, block_size=48).block_size == 48
+
+
+def test_disaggregated_pools_on_one_gpu_take_its_block_size() -> None:
+    both = RunConfig(model=DEEPSEEK_V2_LITE, disagg="1P1D", prefill_gpu="b200",
+                     decode_gpu="b200")
+    assert both.block_size == 32
+    # Pools on different GPUs share the run's --gpu's (vLLM would pick one per pool).
+    mixed = RunConfig(model=DEEPSEEK_V2_LITE, gpu="h100-sxm", disagg="1P1D",
+                      prefill_gpu="b200")
+    assert mixed.block_size == 16
 
 
 def test_an_mla_model_on_b200_runs_full_graphs_at_vllms_default_block_size() -> None:

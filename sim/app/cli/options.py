@@ -85,7 +85,8 @@ OPTIONS: Mapping[str, Opt] = {o.name: o for o in (
     Opt("gpu_memory_utilization", float, 0.9,
         "Fraction of GPU memory the engine may use, in (0, 1].", "0.7,0.8,0.9"),
     Opt("block_size", int | None, None, "Tokens per KV block (default: vLLM's for the "
-        "engine: 128 with a profile of vLLM's CPU engine, else 16)."),
+        "engine: 128 with a profile of vLLM's CPU engine, an MLA model's attention "
+        "backend's on a GPU (32 on a B200), else 16)."),
     Opt("max_model_len", int | None, None,
         "Most tokens per request (default: the model's context length)."),
     Opt("allow_long_max_model_len", bool, False, "Allow a max_model_len above the model's "

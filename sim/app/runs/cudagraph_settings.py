@@ -185,14 +185,14 @@ def graph_notes(cfg: Any, model: Any, gpu: Any) -> tuple[str, ...]:
     if graphs is None or graphs.cudagraph_mode is None or gpu is None:
         return ()
     mla = model.kv_lora_rank is not None
-    nope = model.qk_nope_head_dim
-    mixed = full_cudagraph_support(gpu.name, mla, cfg.block_size, nope)
+    nope, head = model.qk_nope_head_dim, model.attention_head_size
+    mixed = full_cudagraph_support(gpu.name, mla, cfg.block_size, nope, head)
     mode = graphs.runtime_mode(mixed)
     if mode == graphs.cudagraph_mode:
         return ()
     if mode != graphs.mode:
         at = ("" if mixed is not False
-              or not full_cudagraph_support(gpu.name, mla, qk_nope_head_dim=nope)
+              or not full_cudagraph_support(gpu.name, mla, None, nope, head)
               else f" at block_size {cfg.block_size}")  # only the block size stops it
         why = (f"the attention backend it picks on {gpu.name}{at} takes full CUDA graphs "
                "of uniform decode batches only: resolve_cudagraph_mode_and_sizes")

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from calibration.hf_config import resolve_model
 from calibration.quantization import check_kv_cache_dtype, check_quantization_name
 from calibration.specs import DTYPE_BYTES, ModelSpec
 from policies.routers import ROUTERS, check_prefix_cache
@@ -20,7 +19,7 @@ from sim.app.runs.cudagraph_settings import GRAPH_FIELDS, check_graph_fields
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.device import default_device
 from sim.app.runs.pools import DISAGG_FIELDS, check_disagg, parse_disagg, pool_value
-from sim.app.runs.startup_checks import default_block_size, engine_platform
+from sim.app.runs.startup_checks import engine_platform, run_block_size
 from sim.config import PREFIX_CACHE_MODES
 from sim.latency_stats import check_slo_seconds
 
@@ -59,7 +58,8 @@ class RunConfig:
     vLLM does (sim/app/runs/defaults.py); model, resolved at construction, is the
     profile's model with a profile, else DEFAULT_MODEL; block_size, resolved at
     construction too, is the one vLLM picks on the run's engine when the user gives
-    none (128 on vLLM's CPU engine, else 16: startup_checks.default_block_size).
+    none (128 on vLLM's CPU engine; for an MLA model on a GPU, its attention backend's;
+    else 16: startup_checks.default_block_size).
     allow_long_max_model_len is vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     (sim/app/runs/startup_checks.py); trace_sample, decided with the workload, is on
     when a trace is re-timed (rate, arrival or burstiness given) and off when its own
@@ -238,13 +238,7 @@ def _resolve_defaults(cfg: RunConfig) -> None:
         object.__setattr__(cfg, "dtype", AUTO_DTYPE if profile is None else profile.dtype)
     if cfg.block_size is None:
         platform = engine_platform(cfg.step_time, profile)
-        if spec is None and platform == "cuda" and cfg.model is not None:
-            try:  # an MLA model's backend picks its block size
-                spec = resolve_model(cfg.model)
-            except ValueError:
-                spec = None  # the run names the model where it resolves it
-        object.__setattr__(cfg, "block_size", default_block_size(
-            platform, spec, cfg.gpu, cfg.kv_cache_dtype))
+        object.__setattr__(cfg, "block_size", run_block_size(cfg, platform, spec))
 
 
 #: RunConfig's roofline fields and the calibration.roofline.RooflineCostModel arguments

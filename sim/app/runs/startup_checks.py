@@ -12,10 +12,11 @@ plan skips a candidate that raises one, and both keep other failures as they wer
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calibration.attention_backends import mla_default_block_size
-from calibration.hf_config import ContextLimit
+from calibration.gpus import get_gpu
+from calibration.hf_config import ContextLimit, resolve_model
 from calibration.memory import KVCachePlan, check_max_model_len
 from calibration.specs import ModelSpec
 
@@ -74,8 +75,29 @@ def default_block_size(platform: str | None, model: ModelSpec | None,
         return DEFAULT_BLOCK_SIZE if mla else CPU_DEFAULT_BLOCK_SIZE
     if platform == "cuda" and mla and gpu_name is not None:
         assert model is not None
-        return mla_default_block_size(gpu_name, model.qk_nope_head_dim, kv_cache_dtype)
+        return mla_default_block_size(gpu_name, model.qk_nope_head_dim, kv_cache_dtype,
+                                      model.attention_head_size)
     return DEFAULT_BLOCK_SIZE
+
+
+def run_block_size(cfg: Any, platform: str | None, spec: ModelSpec | None) -> int:
+    """default_block_size for a RunConfig ``cfg`` that gives none, on ``platform``
+    (engine_platform), ``spec`` its profile's model (None: resolved here from cfg.model
+    when it matters, a GPU run; one that does not resolve is taken as no MLA model, and
+    the run names it where it resolves it). The GPU is the disaggregated pools' when both
+    name the same one, else the run's --gpu, by its canonical name (aliases, any case)."""
+    if spec is None and platform == "cuda" and cfg.model is not None:
+        try:  # an MLA model's backend picks its block size
+            spec = resolve_model(cfg.model)
+        except ValueError:
+            spec = None
+    names = {cfg.prefill_gpu or cfg.gpu, cfg.decode_gpu or cfg.gpu}
+    name = names.pop() if len(names) == 1 else cfg.gpu
+    try:
+        gpu = None if name is None else get_gpu(name).name
+    except (ValueError, OSError):
+        gpu = None  # the run reports a bad --gpu where it resolves it
+    return default_block_size(platform, spec, gpu, cfg.kv_cache_dtype)
 
 
 def check_max_model_len_within_model(max_model_len: int, model: ModelSpec,
