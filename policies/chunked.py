@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.base import QueuePolicy
-from sim.batch import BatchPlan, BatchShape, ChunkedPrefill, SteadyDecode
+from sim.batch import BatchPlan, BatchShape, ChunkedPrefill, LastChunkAdmission, SteadyDecode
 from sim.decode_group import DecodeGroup
 from sim.kv.prefix_cache import ComputedBlocks
 from sim.request import Request
@@ -56,10 +56,11 @@ class ChunkedPolicy(QueuePolicy):
         """The promise for steps that run the decode group and the next chunk of the one
         prefilling request behind it (schedule() serves them in group_step and
         _schedule_running, and admits nobody: the chunk takes the whole budget left, or
-        no one waits, or every slot is taken). None where a step may do more: resume,
-        admit, charge a transfer, or preempt when its blocks do not fit (the fast path
-        stops before such a step); and with a prefix cache, whose admissions and block
-        hashes a run would bypass."""
+        no one waits, or every slot is taken), up to the step of its last chunk, which
+        may admit the head of waiting beside it (_last_chunk_admission). None where a
+        step may do more: resume, admit otherwise, charge a transfer, or preempt when its
+        blocks do not fit (the fast path stops before such a step); and with a prefix
+        cache, whose admissions and block hashes a run would bypass."""
         group = self.decode_group
         if (group is None or self.prefix_cache is not None or self.swapped
                 or self._transfer_bytes):
@@ -80,12 +81,40 @@ class ChunkedPolicy(QueuePolicy):
             return None  # no budget for it, a decode, or capped by max_model_len
         threshold = self._prefill_threshold()
         chunk = threshold if threshold and threshold < budget else budget
-        admits = len(self.waiting) > 0 and len(running) < cfg.max_num_seqs
-        if admits and (chunk < budget or rest <= chunk):
-            return None  # every step, or its one step (its last chunk), may admit
+        prefill = ChunkedPrefill(req, chunk, True)
+        if len(self.waiting) and len(running) < cfg.max_num_seqs:
+            if chunk < budget:
+                return None  # every step leaves budget for an admission
+            last = rest - (rest - 1) // chunk * chunk  # the last chunk's tokens
+            if last < budget:  # the step of the last chunk admits: covered when simply
+                prefill.admits = (None if last == 1 and req.num_output_tokens
+                                  else self._last_chunk_admission(budget - last, threshold))
+                if prefill.admits is None:
+                    if rest <= chunk:
+                        return None  # its one step is that step
+                    prefill.covers_last = False
         return SteadyDecode(group.members, running,
-                            BatchShape(0, 0, 0, 0, g, group.ctx_sum, g), g, group,
-                            ChunkedPrefill(req, chunk, not admits))
+                            BatchShape(0, 0, 0, 0, g, group.ctx_sum, g), g, group, prefill)
+
+    def _last_chunk_admission(self, budget: int, threshold: int) -> LastChunkAdmission | None:
+        """The admission _schedule_waiting makes in the step of a prefill's last chunk,
+        which leaves ``budget`` > 0 tokens, when it is one the fast path covers: the head
+        of waiting for a first chunk that does not reach its first sample, and no second
+        admission after it (no budget or slot left, or nobody else waiting). None
+        otherwise. Its blocks are checked when the run is planned (the test's free blocks
+        are those after the step's other allocations)."""
+        req = self.waiting.peek()
+        rest = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+        n = min(threshold if threshold and rest > threshold else rest, budget)
+        if n >= rest or (n == 1 and req.num_output_tokens):
+            return None  # it would sample, or be priced as a decode
+        if (n < budget and len(self.waiting) > 1
+                and len(self.running) + 1 < self.config.max_num_seqs):
+            return None  # a second admission may follow
+        must_fit = rest if self.config.scheduler_reserve_full_isl else n
+        return LastChunkAdmission(req, n, self.blocks_needed(req, must_fit),
+                                  self.blocks_needed(req, n),
+                                  lambda: self.admit_allocating(req, n, None))
 
     def schedule(self, now: float) -> BatchPlan:
         if self.lpm:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -126,17 +126,35 @@ def chunk_shape(num_tokens: int, has_output: bool, computed: int, n: int,
 
 
 @dataclass(slots=True)
+class LastChunkAdmission:
+    """What the step of a promised prefill's last chunk also does (``ChunkedPrefill.admits``):
+    it admits ``request``, the head of waiting, for its first chunk of ``num_tokens``
+    tokens, which do not reach its first sample, and nothing else, provided
+    ``blocks_needed`` blocks are free when the step admits it (its admission test,
+    after the members' and the last chunk's blocks of that step). Admitting it takes
+    ``blocks_allocated`` blocks; ``admit`` (the policy's) admits it."""
+
+    request: Request
+    num_tokens: int
+    blocks_needed: int
+    blocks_allocated: int
+    admit: Callable[[], None]
+
+
+@dataclass(slots=True)
 class ChunkedPrefill:
     """Part of a steady-decode promise (``SteadyDecode.prefill``): besides the decodes,
     every step schedules the next chunk of ``request``, the tail of running, prefilling:
     ``chunk`` tokens, or all it has left when that is fewer (its last chunk, the step in
     which it samples). ``covers_last``: whether the promise holds for the step of that
-    last chunk too (False when the budget that chunk leaves may admit a waiting
-    request)."""
+    last chunk too (False when the budget that chunk leaves may admit a waiting request
+    other than as ``admits`` says). ``admits``: the admission that step makes, when it
+    makes one (the run then stops before that step when its blocks do not fit)."""
 
     request: Request
     chunk: int
     covers_last: bool
+    admits: LastChunkAdmission | None = None
 
 
 @dataclass(slots=True)

@@ -1,6 +1,7 @@
 """Chunk runs: the fast path's runs of one request's prefill chunks beside the decode
 group (a SteadyDecode with ``prefill``: chunked's promise for the steps that admit a
-request and prefill it while the group decodes). Which steps are safe
+request and prefill it while the group decodes, the step of its last chunk admitting
+the next request where the promise says so). Which steps are safe
 (``plan_chunk_run``) and what they do (``apply_chunk_run``), with the results of the
 step-by-step engine: the same step times summed in the same order, one step row each,
 the ITL samples booked in the same order. sim/fastpath.py's FastPath calls both;
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from sim.batch import BatchShape, SteadyDecode, chunk_shape
+from sim.batch import BatchShape, LastChunkAdmission, SteadyDecode, chunk_shape
 from sim.decode_group import DecodeGroup
 from sim.kv.block_pool import KVCacheManager
 from sim.metrics import Recorder
@@ -19,9 +20,10 @@ from sim.request import Request
 from sim.run_times import cut_run, run_limit
 
 #: A planned chunk run: step boundaries (s), step durations (s), the prefill's tokens in
-#: each step, and whether its last step samples a token (else none does: a lone
-#: prefill's chunks before its last).
-ChunkPlan = tuple[list[float], list[float], list[int], bool]
+#: each step, whether its last step samples a token (else none does: a lone prefill's
+#: chunks before its last), and whether that step makes the promise's admission
+#: (ChunkedPrefill.admits: it holds the prefill's last chunk).
+ChunkPlan = tuple[list[float], list[float], list[int], bool, bool]
 
 #: Prices a chunk run's steps (BulkChunkPricer.chunk_run_times).
 ChunkPricer = Callable[[int, bool, int, Sequence[int], int, int, int, float, float],
@@ -36,7 +38,9 @@ def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
     ``now`` (s): up to the step in which a member finishes or the prefill samples (its
     last chunk, when the promise covers it), while the blocks of both fit, at most
     ``max_steps``, cut before an arrival or a routing instant as step_times cuts. One
-    step is worth a run: it skips schedule(). None when no step is safe.
+    step is worth a run: it skips schedule(). None when no step is safe. The step of the
+    last chunk, when the promise has it admit the head of waiting, is safe when that
+    request's blocks fit too, and is priced with both prefills.
     ``price_chunks``: the cost model's chunk_run_times, when it has one (else each step
     is priced by ``step_time``)."""
     group, prefill = steady.group, steady.prefill
@@ -46,16 +50,21 @@ def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
     limit = max_steps if to_finish is None else min(to_finish + 1, max_steps)
     rest = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
     chunks = prefill_chunks(rest, prefill.chunk, prefill.covers_last, limit)
+    adm = prefill.admits if sum(chunks) == rest else None
     chunks = chunks[:prefill_safe_steps(group, req, chunks, kv.block_size,
-                                        kv.num_free_blocks)]
+                                        kv.num_free_blocks,
+                                        adm.blocks_needed if adm is not None else 0)]
     if not chunks:
         return None
+    if adm is not None and sum(chunks) < rest:
+        adm = None  # stopped before the last chunk
     times, dts = prefill_step_times(steady, chunks, step_time, now, next_arrival, end_before,
-                                    price_chunks)
+                                    price_chunks, adm)
     if len(times) < 2:
         return None
     k = len(dts)
-    return times, dts, chunks[:k], bool(group.members) or sum(chunks[:k]) == rest
+    last = sum(chunks[:k]) == rest
+    return times, dts, chunks[:k], bool(group.members) or last, last and adm is not None
 
 
 def apply_chunk_run(steady: SteadyDecode, plan: ChunkPlan, kv: KVCacheManager,
@@ -66,7 +75,7 @@ def apply_chunk_run(steady: SteadyDecode, plan: ChunkPlan, kv: KVCacheManager,
     block ids are read by nothing; a prefix cache never makes this promise). Returns the
     requests that sampled their last token in the last step: members, then the
     prefill's request."""
-    times, _, chunks, _ = plan
+    times, _, chunks, _, admitting = plan
     group, prefill = steady.group, steady.prefill
     assert group is not None and prefill is not None
     req, k = prefill.request, len(chunks)
@@ -80,6 +89,14 @@ def apply_chunk_run(steady: SteadyDecode, plan: ChunkPlan, kv: KVCacheManager,
     if kv.allocate_up_to(req, c) is None:
         raise AssertionError("fast path: blocks checked by prefill_safe_steps did not fit")
     req.num_computed_tokens = c
+    if admitting:  # the last step admits the head of waiting for its first chunk
+        adm = prefill.admits
+        assert adm is not None
+        adm.admit()
+        b = adm.request
+        if b.first_scheduled_time is None:  # else it ran before (a preempted request)
+            b.first_scheduled_time = times[k - 1]
+        b.num_computed_tokens += adm.num_tokens
     done = _book(req, group, times, rec)
     finished = group.advance(k, times[k]) if members else []
     finished.extend(done)
@@ -134,7 +151,7 @@ def _record(steady: SteadyDecode, plan: ChunkPlan, group_blocks: Sequence[int],
     """A chunk run's step rows, one by one (its tokens change from step to step): the
     blocks in use after each step's allocations, the group's and the prefill's (called
     after the group's and before the prefill's allocation)."""
-    times, dts, chunks, _ = plan
+    times, dts, chunks, _, admitting = plan
     prefill = steady.prefill
     assert prefill is not None
     req = prefill.request
@@ -150,7 +167,8 @@ def _record(steady: SteadyDecode, plan: ChunkPlan, group_blocks: Sequence[int],
         row_blocks.append(used + max(blocks, -(-c // bs)))
     # The other columns change only with the chunk's tokens, and the chunks are equal but
     # for a last, shorter one: one stored row per stretch of equal chunks, not per step.
-    i, k = 0, len(chunks)
+    k = len(chunks) - admitting
+    i = 0
     while i < k:
         n, e = chunks[i], i + 1
         while e < k and chunks[e] == n:
@@ -160,6 +178,12 @@ def _record(steady: SteadyDecode, plan: ChunkPlan, group_blocks: Sequence[int],
                          (useful, prefill_tokens, decode_tokens, num_waiting, useful,
                           held - useful, empty, 0))
         i = e
+    if admitting:  # its last row: both prefills, one more slot held, one fewer waiting
+        adm = prefill.admits
+        assert adm is not None
+        rec.record_steps(times[k:], dts[k:], [row_blocks[k] + adm.blocks_allocated],
+                         (useful + 1, chunks[k] + adm.num_tokens, g, num_waiting - 1,
+                          useful + 1, held - useful, empty - 1, 0))
 
 
 def prefill_chunks(rest: int, chunk: int, covers_last: bool, limit: int) -> list[int]:
@@ -174,17 +198,18 @@ def prefill_chunks(rest: int, chunk: int, covers_last: bool, limit: int) -> list
 
 
 def prefill_safe_steps(group: DecodeGroup, req: Request, chunks: Sequence[int],
-                       block_size: int, num_free_blocks: int) -> int:
+                       block_size: int, num_free_blocks: int, last_step_blocks: int = 0) -> int:
     """How many of the steps of ``chunks`` fit in the free pool: in each, the members'
-    new blocks (their block crossings) and then ``req``'s for its chunk. The run stops
-    before the step where they would not (the step-by-step engine would dissolve the
-    group or preempt there)."""
+    new blocks (their block crossings) and then ``req``'s for its chunk, and in the last
+    ``last_step_blocks`` more (an admission's test). The run stops before the step where
+    they would not (the step-by-step engine would dissolve the group, preempt, or not
+    admit there)."""
     k = len(chunks)
     held = len(req.block_ids)
     c = req.num_computed_tokens
     g = len(group.members)
     if g * -(-k // block_size) + max(0, -(-(c + sum(chunks)) // block_size) - held) \
-            <= num_free_blocks:
+            + last_step_blocks <= num_free_blocks:
         return k  # even if every member crossed as often as it can, they fit
     crossings = group.crossings(k) if g else [0] * k
     used = 0
@@ -197,18 +222,20 @@ def prefill_safe_steps(group: DecodeGroup, req: Request, chunks: Sequence[int],
         used += crossings[j]
         if used > num_free_blocks:
             return j
-    return k
+    return k - 1 if used + last_step_blocks > num_free_blocks else k
 
 
 def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
                        step_time: Callable[[BatchShape], float], start: float,
                        next_arrival: float | None, end_before: float | None,
-                       price_chunks: ChunkPricer | None = None
+                       price_chunks: ChunkPricer | None = None,
+                       admits: LastChunkAdmission | None = None
                        ) -> tuple[list[float], list[float]]:
     """step_times for a run of the decode group beside ``chunks`` of the promise's
     prefill: each step priced as shape_of prices the chunk next to the members'
-    decodes (sim.batch.chunk_shape; by ``price_chunks`` in one call when given), cut as
-    step_times cuts."""
+    decodes (sim.batch.chunk_shape; by ``price_chunks`` in one call when given), the
+    last, with ``admits``, as shape_of prices it beside that admission's first chunk;
+    cut as step_times cuts."""
     prefill = steady.prefill
     assert prefill is not None
     req = prefill.request
@@ -217,16 +244,38 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
     g, growth = steady.shape.num_decode_seqs, steady.context_growth
     ctx = steady.shape.decode_context_tokens  # chunk_shape ignores it without decodes
     limit = run_limit(next_arrival, end_before)
+    alone = chunks[:-1] if admits is not None else chunks
     prices: Iterable[float]
     if price_chunks is not None:  # priced only up to the step that would see the arrival
-        prices = price_chunks(num_tokens, has_output, req.num_computed_tokens, chunks, g,
+        prices = price_chunks(num_tokens, has_output, req.num_computed_tokens, alone, g,
                               ctx, growth, start, limit)
     else:
         def priced() -> Iterator[float]:  # lazily: cut_run may stop before the last
             c = req.num_computed_tokens
-            for j, n in enumerate(chunks):
+            for j, n in enumerate(alone):
                 yield step_time(chunk_shape(num_tokens, has_output, c, n, g, ctx + j * growth))
                 c += n
 
         prices = priced()
+    if admits is not None:
+        prices = list(prices)
+        if len(prices) == len(alone):
+            j = len(alone)
+            prices.append(step_time(_admission_shape(
+                req.num_computed_tokens + sum(alone), chunks[-1], admits, g, ctx + j * growth)))
     return cut_run(prices, start, limit, end_before, min_steps=0)
+
+
+def _admission_shape(computed: int, n: int, admits: LastChunkAdmission,
+                     num_group_decodes: int, group_context_tokens: int) -> BatchShape:
+    """shape_of([(req, n), (admitted, its tokens)], num_group_decodes,
+    group_context_tokens) for the step of a prefill's last chunk (``n`` tokens over
+    ``computed``, sampling: never a one-token decode) beside an admission's first chunk
+    (not sampling), from the numbers alone."""
+    b = admits.request
+    c, m = b.num_computed_tokens, admits.num_tokens
+    pairs = n * computed + n * (n + 1) // 2 + m * c + m * (m + 1) // 2
+    if num_group_decodes:
+        return BatchShape(n + m, 2, computed + c, pairs, num_group_decodes,
+                          group_context_tokens, 1 + num_group_decodes)
+    return BatchShape(n + m, 2, computed + c, pairs, 0, 0, 1)

@@ -60,6 +60,7 @@ class Run:
     new_blocks: Sequence[int]
     chunks: Sequence[int] = ()  # the prefill's tokens in each step (SteadyDecode.prefill)
     samples: bool = True  # its last step samples (else none does: a lone prefill's chunks)
+    admits: bool = False  # its last step makes the prefill promise's admission
 
 
 class FastPath:
@@ -139,8 +140,8 @@ class FastPath:
                                  self._price_chunks)
         if planned is None:
             return None
-        times, dts, chunks, samples = planned
-        return Run(steady, times, dts, (), chunks, samples)
+        times, dts, chunks, samples, admits = planned
+        return Run(steady, times, dts, (), chunks, samples, admits)
 
     def apply(self, run: Run) -> list[Request]:
         """What len(run.times) - 1 step-by-step updates would have done, at once: tokens,
@@ -170,7 +171,7 @@ class FastPath:
 
     def _apply_prefill(self, run: Run) -> list[Request]:
         """apply() for the decode group beside a prefill's chunks (sim/chunk_run.py)."""
-        plan = (run.times, run.dts, list(run.chunks), run.samples)
+        plan = (run.times, run.dts, list(run.chunks), run.samples, run.admits)
         finished = apply_chunk_run(run.steady, plan, self._kv, self._rec,
                                    self._policy.num_waiting, self._max_seqs)
         if self._advance is not None:

@@ -41,6 +41,28 @@ def test_prefill_chunks_beside_a_decode_group_run_at_once(fast_runs: list[int]) 
     assert fast.requests.equals(ref.requests)
 
 
+def test_a_last_chunk_and_the_admission_beside_it_end_one_run(fast_runs: list[int]) -> None:
+    # A (prompt 600) is admitted at 0 and prefilled 256 tokens a step (budget 256, no
+    # decodes); B (prompt 500) arrives during A's first step, so that run is that step.
+    # Then A has 344 tokens left: 256, then its last chunk of 88 beside B's first chunk
+    # of the 168 left (a step schedule() would also plan: no other request waits). One
+    # run of 2 steps, where the step of the last chunk used to be planned by schedule().
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=4096)
+    args = {"output_lens": [3, 2], "prompt": [600, 500], "arrivals": [0.0, 0.001]}
+    ref = run(args, cfg, "chunked", 1000, 16, fast=False)
+    assert fast_runs == []
+    fast = run(args, cfg, "chunked", 1000, 16, fast=True)
+    assert fast_runs[:2] == [1, 2]
+    steps = fast.steps
+    assert steps["num_prefill_tokens"].tolist()[:3] == [256, 256, 88 + 168]
+    assert steps["num_seqs"].tolist()[:3] == [1, 1, 2]
+    assert steps["num_waiting"].tolist()[:3] == [0, 1, 0]
+    # B's blocks (168 tokens: 11 of 16) count in that step's row: 600 / 16 -> 38, + 11.
+    assert steps["kv_blocks_used"].tolist()[2] == 38 + 11
+    assert fast.steps.equals(ref.steps)
+    assert fast.requests.equals(ref.requests)
+
+
 @st.composite
 def long_prompts(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]:
     """Chunked prefill with prompts of several chunks beside decoding requests: runs cut
