@@ -258,12 +258,23 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
 
         prices = priced()
     if admits is not None:
-        prices = list(prices)
-        if len(prices) == len(alone):
-            j = len(alone)
-            prices.append(step_time(_admission_shape(
-                req.num_computed_tokens + sum(alone), chunks[-1], admits, g, ctx + j * growth)))
+        prices = _then_admission(prices, len(alone), lambda: step_time(_admission_shape(
+            req.num_computed_tokens + sum(alone), chunks[-1], admits, g,
+            ctx + len(alone) * growth)))
     return cut_run(prices, start, limit, end_before, min_steps=0)
+
+
+def _then_admission(prices: Iterable[float], num_alone: int,
+                    admission_price: Callable[[], float]) -> Iterator[float]:
+    """``prices``, then the admission step's price if all ``num_alone`` came (a bulk
+    pricer stops at the arrival); lazily, so a run cut early prices no step past the cut
+    (a re-plan at every arrival would otherwise price a long prompt's every chunk)."""
+    n = 0
+    for price in prices:
+        n += 1
+        yield price
+    if n == num_alone:
+        yield admission_price()
 
 
 def _admission_shape(computed: int, n: int, admits: LastChunkAdmission,

@@ -8,7 +8,15 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.batch import chunk_shape, shape_of
+from sim.batch import (
+    BatchShape,
+    ChunkedPrefill,
+    LastChunkAdmission,
+    SteadyDecode,
+    chunk_shape,
+    shape_of,
+)
+from sim.chunk_run import prefill_step_times
 from sim.config import SchedulerConfig
 from sim.request import Request
 from tests.test_fastpath import assert_same, run
@@ -61,6 +69,30 @@ def test_a_last_chunk_and_the_admission_beside_it_end_one_run(fast_runs: list[in
     assert steps["kv_blocks_used"].tolist()[2] == 38 + 11
     assert fast.steps.equals(ref.steps)
     assert fast.requests.equals(ref.requests)
+
+
+def test_a_run_cut_by_an_arrival_prices_no_step_past_the_cut() -> None:
+    # A's prompt of 1,000 takes ten chunks of 100 beside two decodes, the last beside
+    # B's admission. Every step costs 0.01 s and an arrival comes at 0.015 s: the run is
+    # two steps (the second starts at 0.01, before it), and seeing that the third would
+    # start at 0.02 takes its price: 3 prices, not the eleven of the whole prompt.
+    a = Request("a", 0.0, 1000, 5, 5)
+    b = Request("b", 0.0, 300, 5, 5)
+    admits = LastChunkAdmission(b, 100, 7, 7, lambda: None)
+    steady = SteadyDecode([], [], BatchShape(num_decode_seqs=2, decode_context_tokens=40,
+                                             num_sampled_seqs=2), 2,
+                          prefill=ChunkedPrefill(a, 100, True, admits))
+    priced: list[BatchShape] = []
+
+    def step_time(shape: BatchShape) -> float:
+        priced.append(shape)
+        return 0.01
+
+    times, dts = prefill_step_times(steady, [100] * 10, step_time, 0.0, 0.015, None,
+                                    admits=admits)
+    assert dts == [0.01, 0.01] and times == [0.0, 0.01, 0.02]
+    assert len(priced) == 3
+    assert [s.prefill_context_tokens for s in priced] == [0, 100, 200]
 
 
 @st.composite
