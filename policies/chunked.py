@@ -81,7 +81,11 @@ class ChunkedPolicy(QueuePolicy):
             return None  # no budget for it, a decode, or capped by max_model_len
         threshold = self._prefill_threshold()
         chunk = threshold if threshold and threshold < budget else budget
-        prefill = ChunkedPrefill(req, chunk, True)
+        # An arrival leaves the chunk as it is unless it brings a lower threshold into
+        # force (it applies only while more than one request runs or waits).
+        configured = cfg.long_prefill_token_threshold
+        prefill = ChunkedPrefill(req, chunk, True, arrivals_wait=chunk == budget and not (
+            0 < configured < budget))
         if len(self.waiting) and len(running) < cfg.max_num_seqs:
             if chunk < budget:
                 return None  # every step leaves budget for an admission

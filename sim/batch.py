@@ -149,12 +149,17 @@ class ChunkedPrefill:
     which it samples). ``covers_last``: whether the promise holds for the step of that
     last chunk too (False when the budget that chunk leaves may admit a waiting request
     other than as ``admits`` says). ``admits``: the admission that step makes, when it
-    makes one (the run then stops before that step when its blocks do not fit)."""
+    makes one (the run then stops before that step when its blocks do not fit).
+    ``arrivals_wait``: the chunk takes all the budget the decodes leave, whoever waits
+    (no long_prefill_token_threshold that an arrival could bring into force below it),
+    so a request arriving during the run changes none of its steps but that of a last
+    chunk shorter than ``chunk`` (the budget it leaves admits)."""
 
     request: Request
     chunk: int
     covers_last: bool
     admits: LastChunkAdmission | None = None
+    arrivals_wait: bool = False
 
 
 @dataclass(slots=True)

@@ -1,10 +1,11 @@
 """Chunk runs: the fast path's runs of one request's prefill chunks beside the decode
 group (a SteadyDecode with ``prefill``: chunked's promise for the steps that admit a
 request and prefill it while the group decodes, the step of its last chunk admitting
-the next request where the promise says so). Which steps are safe
-(``plan_chunk_run``) and what they do (``apply_chunk_run``), with the results of the
-step-by-step engine: the same step times summed in the same order, one step row each,
-the ITL samples booked in the same order. sim/fastpath.py's FastPath calls both;
+the next request where the promise says so; past arrivals when its chunks take the
+whole budget, so that only the step of a shorter last chunk would admit them). Which
+steps are safe (``plan_chunk_run``) and what they do (``apply_chunk_run``), with the
+results of the step-by-step engine: the same step times summed in the same order, one
+step row each, the ITL samples booked in the same order. sim/fastpath.py's FastPath calls both;
 tests/test_prefill_runs.py compares the paths.
 """
 
@@ -17,7 +18,7 @@ from sim.decode_group import DecodeGroup
 from sim.kv.block_pool import KVCacheManager
 from sim.metrics import Recorder
 from sim.request import Request
-from sim.run_times import cut_run, run_limit
+from sim.run_times import cut_run, drop_last_step, run_limit
 
 #: A planned chunk run: step boundaries (s), step durations (s), the prefill's tokens in
 #: each step, whether its last step samples a token (else none does: a lone prefill's
@@ -33,7 +34,8 @@ ChunkPricer = Callable[[int, bool, int, Sequence[int], int, int, int, float, flo
 def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
                    step_time: Callable[[BatchShape], float], now: float, max_steps: int,
                    next_arrival: float | None, end_before: float | None,
-                   price_chunks: ChunkPricer | None = None) -> ChunkPlan | None:
+                   price_chunks: ChunkPricer | None = None,
+                   pass_arrivals: bool = False) -> ChunkPlan | None:
     """The longest safe run of ``steady``'s group beside its prefill's chunks, from
     ``now`` (s): up to the step in which a member finishes or the prefill samples (its
     last chunk, when the promise covers it), while the blocks of both fit, at most
@@ -42,7 +44,9 @@ def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
     last chunk, when the promise has it admit the head of waiting, is safe when that
     request's blocks fit too, and is priced with both prefills.
     ``price_chunks``: the cost model's chunk_run_times, when it has one (else each step
-    is priced by ``step_time``)."""
+    is priced by ``step_time``). ``pass_arrivals``: with the promise's ``arrivals_wait``,
+    only a last chunk shorter than the others stops before the step that would see an
+    arrival (the caller hands the arrivals over at the steps that see them)."""
     group, prefill = steady.group, steady.prefill
     assert group is not None and prefill is not None, "a prefill runs beside a group"
     req = prefill.request
@@ -59,7 +63,8 @@ def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
     if adm is not None and sum(chunks) < rest:
         adm = None  # stopped before the last chunk
     times, dts = prefill_step_times(steady, chunks, step_time, now, next_arrival, end_before,
-                                    price_chunks, adm)
+                                    price_chunks, adm,
+                                    pass_arrivals and prefill.arrivals_wait)
     if len(times) < 2:
         return None
     k = len(dts)
@@ -68,9 +73,12 @@ def plan_chunk_run(steady: SteadyDecode, kv: KVCacheManager,
 
 
 def apply_chunk_run(steady: SteadyDecode, plan: ChunkPlan, kv: KVCacheManager,
-                    rec: Recorder, num_waiting: int, max_num_seqs: int) -> list[Request]:
+                    rec: Recorder, num_waiting: int, max_num_seqs: int,
+                    waiting: Sequence[int] | None = None) -> list[Request]:
     """What the planned steps would have done one by one: blocks, tokens, ITL samples
-    and step rows (``num_waiting`` and ``max_num_seqs`` for the rows). The group's
+    and step rows (``num_waiting`` and ``max_num_seqs`` for the rows; ``waiting``: for
+    a run that went past arrivals, the waiting queue of each step instead, with what
+    had arrived by its start). The group's
     blocks for the whole run are handed out before the prefill's (the plain pool's
     block ids are read by nothing; a prefix cache never makes this promise). Returns the
     requests that sampled their last token in the last step: members, then the
@@ -84,7 +92,7 @@ def apply_chunk_run(steady: SteadyDecode, plan: ChunkPlan, kv: KVCacheManager,
     members = bool(group.members)
     group_blocks = group.allocate_for_steps(k, kv.num_free_blocks) if members else [0] * k
     assert group_blocks is not None, "fast path: blocks checked by prefill_safe_steps"
-    _record(steady, plan, group_blocks, kv, rec, num_waiting, max_num_seqs)
+    _record(steady, plan, group_blocks, kv, rec, num_waiting, max_num_seqs, waiting)
     c = req.num_computed_tokens + sum(chunks)
     if kv.allocate_up_to(req, c) is None:
         raise AssertionError("fast path: blocks checked by prefill_safe_steps did not fit")
@@ -147,10 +155,12 @@ def _book_group_first_step(group: DecodeGroup, times: list[float], rec: Recorder
 
 
 def _record(steady: SteadyDecode, plan: ChunkPlan, group_blocks: Sequence[int],
-            kv: KVCacheManager, rec: Recorder, num_waiting: int, max_num_seqs: int) -> None:
+            kv: KVCacheManager, rec: Recorder, num_waiting: int, max_num_seqs: int,
+            waiting: Sequence[int] | None) -> None:
     """A chunk run's step rows, one by one (its tokens change from step to step): the
     blocks in use after each step's allocations, the group's and the prefill's (called
-    after the group's and before the prefill's allocation)."""
+    after the group's and before the prefill's allocation); the waiting queue of each
+    step, ``num_waiting`` or each step's in ``waiting``."""
     times, dts, chunks, _, admitting = plan
     prefill = steady.prefill
     assert prefill is not None
@@ -165,17 +175,19 @@ def _record(steady: SteadyDecode, plan: ChunkPlan, group_blocks: Sequence[int],
         c += n
         used += group_blocks[j]
         row_blocks.append(used + max(blocks, -(-c // bs)))
-    # The other columns change only with the chunk's tokens, and the chunks are equal but
-    # for a last, shorter one: one stored row per stretch of equal chunks, not per step.
+    # The other columns change only with the chunk's tokens and the arrivals, and the
+    # chunks are equal but for a last, shorter one: one stored row per stretch of steps
+    # alike, not per step.
     k = len(chunks) - admitting
     i = 0
     while i < k:
         n, e = chunks[i], i + 1
-        while e < k and chunks[e] == n:
+        w = waiting[i] if waiting is not None else num_waiting
+        while e < k and chunks[e] == n and (waiting is None or waiting[e] == w):
             e += 1
         prefill_tokens, decode_tokens = (0, useful) if n == 1 and decode else (n, g)
         rec.record_steps(times[i:e], dts[i:e], row_blocks[i:e],
-                         (useful, prefill_tokens, decode_tokens, num_waiting, useful,
+                         (useful, prefill_tokens, decode_tokens, w, useful,
                           held - useful, empty, 0))
         i = e
     if admitting:  # its last row: both prefills, one more slot held, one fewer waiting
@@ -229,13 +241,16 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
                        step_time: Callable[[BatchShape], float], start: float,
                        next_arrival: float | None, end_before: float | None,
                        price_chunks: ChunkPricer | None = None,
-                       admits: LastChunkAdmission | None = None
+                       admits: LastChunkAdmission | None = None,
+                       pass_arrivals: bool = False
                        ) -> tuple[list[float], list[float]]:
     """step_times for a run of the decode group beside ``chunks`` of the promise's
     prefill: each step priced as shape_of prices the chunk next to the members'
     decodes (sim.batch.chunk_shape; by ``price_chunks`` in one call when given), the
     last, with ``admits``, as shape_of prices it beside that admission's first chunk;
-    cut as step_times cuts."""
+    cut as step_times cuts. With ``pass_arrivals`` (ChunkedPrefill.arrivals_wait) only
+    the step of a last chunk shorter than the others stops the run at ``next_arrival``:
+    the run ends before it when an arrival comes by its start."""
     prefill = steady.prefill
     assert prefill is not None
     req = prefill.request
@@ -243,7 +258,7 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
     has_output = req.num_output_tokens > 0
     g, growth = steady.shape.num_decode_seqs, steady.context_growth
     ctx = steady.shape.decode_context_tokens  # chunk_shape ignores it without decodes
-    limit = run_limit(next_arrival, end_before)
+    limit = run_limit(None if pass_arrivals else next_arrival, end_before)
     alone = chunks[:-1] if admits is not None else chunks
     prices: Iterable[float]
     if price_chunks is not None:  # priced only up to the step that would see the arrival
@@ -261,7 +276,11 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
         prices = _then_admission(prices, len(alone), lambda: step_time(_admission_shape(
             req.num_computed_tokens + sum(alone), chunks[-1], admits, g,
             ctx + len(alone) * growth)))
-    return cut_run(prices, start, limit, end_before, min_steps=0)
+    times, dts = cut_run(prices, start, limit, end_before, min_steps=0)
+    if (pass_arrivals and next_arrival is not None and len(dts) == len(chunks) > 1
+            and chunks[-1] < prefill.chunk and times[-2] >= next_arrival):
+        drop_last_step(times, dts)  # that step would admit what arrived
+    return times, dts
 
 
 def _then_admission(prices: Iterable[float], num_alone: int,

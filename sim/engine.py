@@ -107,7 +107,8 @@ class Engine:
         self._refuse = policy.rejection_reason if isinstance(policy, Refuser) else None
         # The fast path is off where every step must be seen one by one.
         every_step = observer is not None or executor is not None
-        self._fast = (make_fast_path(policy, kv, config, cost_model, arrivals, recorder)
+        self._fast = (make_fast_path(policy, kv, config, cost_model, arrivals, recorder,
+                                     self._admit if on_release is None else None)
                       if fast_path and not every_step else None)
         self._step_time = cost_model.step_time
         self._max_len = config.max_model_len

@@ -11,7 +11,9 @@ what the step-by-step engine would have done. The step times are summed in the s
 order, each step still gets its row in steps.csv, and the ITL samples are booked as
 (step duration, number of tokens) pairs. tests/test_fastpath.py compares both paths on
 random workloads. A promise with a prefill (chunked's steps that prefill one request
-beside the decode group) is planned and applied by sim/chunk_run.py.
+beside the decode group) is planned and applied by sim/chunk_run.py; such a run goes past
+arrivals that none of its steps would admit, and ``apply`` hands them over to the engine
+at the steps that see them.
 """
 
 from __future__ import annotations
@@ -71,12 +73,20 @@ class FastPath:
     arrival source) are found once, here.
     """
 
-    __slots__ = ("_advance", "_cost_model", "_kv", "_max_seqs", "_next_arrival", "_policy",
-                 "_price_chunks", "_price_run", "_rec", "_routing_time", "_steady")
+    __slots__ = ("_admit", "_advance", "_cost_model", "_kv", "_max_seqs", "_next_arrival",
+                 "_policy", "_pop_arrived", "_price_chunks", "_price_run", "_rec",
+                 "_routing_time", "_steady")
 
     def __init__(self, policy: Scheduler, kv: KVCacheManager, config: SchedulerConfig,
-                 cost_model: CostModel, arrivals: ArrivalSource, recorder: Recorder) -> None:
-        """Raises TypeError when ``policy`` has no ``steady_decode``."""
+                 cost_model: CostModel, arrivals: ArrivalSource, recorder: Recorder,
+                 admit: Callable[[Request], None] | None = None) -> None:
+        """``admit``: the engine's admission of an arrived request (its guard, then the
+        policy's queue); given, a chunk run may go past arrivals that change none of its
+        steps (ChunkedPrefill.arrivals_wait) unless a router feeds this engine, and
+        ``apply`` hands them over at the steps that see them. None where a request must
+        be handed over at that simulated instant (a release hook: a rejected request's
+        client sends its next one then). Raises TypeError when ``policy`` has no
+        ``steady_decode``."""
         if not isinstance(policy, SteadyDecoder):
             raise TypeError(f"{type(policy).__name__} promises no steady decode")
         self._steady: Callable[[float], SteadyDecode | None] = policy.steady_decode
@@ -95,9 +105,12 @@ class FastPath:
         # before the next arrival it knows is routed here.
         self._routing_time: Callable[[], float | None] | None = None
         self._next_arrival: Callable[[], float | None] = arrivals.next_arrival_time
+        self._admit = admit
+        self._pop_arrived = arrivals.pop_arrived
         if isinstance(arrivals, RoutedArrivals):
             self._routing_time = arrivals.next_routing_time
             self._next_arrival = arrivals.next_routed_arrival_time
+            self._admit = None
 
     def plan(self, now: float) -> Run | None:
         """The longest safe run starting at ``now`` (s): up to the step in which the first
@@ -137,7 +150,7 @@ class FastPath:
         end_before = self._routing_time() if self._routing_time is not None else None
         planned = plan_chunk_run(steady, self._kv, self._cost_model.step_time, now,
                                  MAX_RUN_STEPS, self._next_arrival(), end_before,
-                                 self._price_chunks)
+                                 self._price_chunks, self._admit is not None)
         if planned is None:
             return None
         times, dts, chunks, samples, admits = planned
@@ -172,11 +185,27 @@ class FastPath:
     def _apply_prefill(self, run: Run) -> list[Request]:
         """apply() for the decode group beside a prefill's chunks (sim/chunk_run.py)."""
         plan = (run.times, run.dts, list(run.chunks), run.samples, run.admits)
+        waiting = None
+        nxt = self._next_arrival()
+        if nxt is not None and nxt <= run.times[-2]:  # it went past arrivals
+            waiting = self._hand_over(run.times[:-1])
         finished = apply_chunk_run(run.steady, plan, self._kv, self._rec,
-                                   self._policy.num_waiting, self._max_seqs)
+                                   self._policy.num_waiting, self._max_seqs, waiting)
         if self._advance is not None:
             self._advance(len(run.dts))
         return finished
+
+    def _hand_over(self, starts: list[float]) -> list[int]:
+        """Admit the arrivals each step starting at ``starts`` (s) sees, as the engine
+        does before a step; returns the waiting queue of each step."""
+        admit, pop, policy = self._admit, self._pop_arrived, self._policy
+        assert admit is not None, "fast path: runs stop at arrivals"
+        waiting = []
+        for t in starts:
+            for req in pop(t):
+                admit(req)
+            waiting.append(policy.num_waiting)
+        return waiting
 
     def _advance_requests(self, requests: Sequence[Request], times: list[float]) -> int:
         """Advance each request by the run's steps (one token a step, blocks to match)
@@ -230,7 +259,8 @@ class FastPath:
 
 def make_fast_path(policy: Scheduler, kv: KVCacheManager, config: SchedulerConfig,
                    cost_model: CostModel, arrivals: ArrivalSource,
-                   recorder: Recorder) -> FastPath | None:
+                   recorder: Recorder,
+                   admit: Callable[[Request], None] | None = None) -> FastPath | None:
     """The engine's fast path for ``policy``: hands it a DecodeGroup when its class
     declares ``attach_decode_group``, and returns a FastPath when it declares
     ``steady_decode`` (None otherwise: every step is planned one by one)."""
@@ -238,7 +268,7 @@ def make_fast_path(policy: Scheduler, kv: KVCacheManager, config: SchedulerConfi
         policy.attach_decode_group(DecodeGroup(kv))
     if not (isinstance(policy, SteadyDecoder) and declares(policy, "steady_decode")):
         return None
-    return FastPath(policy, kv, config, cost_model, arrivals, recorder)
+    return FastPath(policy, kv, config, cost_model, arrivals, recorder, admit)
 
 
 def remaining_steps(requests: Sequence[Request]) -> int:

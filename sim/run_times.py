@@ -45,3 +45,15 @@ def cut_run(prices: Iterable[float], start: float, limit: float, end_before: flo
         times.pop()
         dts.pop()
     return times, dts
+
+
+def drop_last_step(times: list[float], dts: list[float]) -> None:
+    """Cut a run made by cut_run (``times`` its boundaries from its start, ``dts`` its
+    step times, at least one step) by its last step, and then by as many more as its
+    end needs to stay where the clock lands (cut_run's rule), in place."""
+    start = times[0]
+    times.pop()
+    dts.pop()
+    while len(times) > 1 and start + (times[-1] - start) != times[-1]:
+        times.pop()
+        dts.pop()

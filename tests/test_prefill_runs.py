@@ -50,23 +50,56 @@ def test_prefill_chunks_beside_a_decode_group_run_at_once(fast_runs: list[int]) 
 
 
 def test_a_last_chunk_and_the_admission_beside_it_end_one_run(fast_runs: list[int]) -> None:
-    # A (prompt 600) is admitted at 0 and prefilled 256 tokens a step (budget 256, no
-    # decodes); B (prompt 500) arrives during A's first step, so that run is that step.
-    # Then A has 344 tokens left: 256, then its last chunk of 88 beside B's first chunk
-    # of the 168 left (a step schedule() would also plan: no other request waits). One
-    # run of 2 steps, where the step of the last chunk used to be planned by schedule().
+    # A (prompt 600) and B (prompt 500) arrive at 0; A is admitted and prefilled 256
+    # tokens a step (budget 256, no decodes) while B waits: 256, 256, then A's last chunk
+    # of 88 beside B's first chunk of the 168 left (a step schedule() would also plan: no
+    # other request waits). One run of 3 steps, the last admitting B.
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=4096)
-    args = {"output_lens": [3, 2], "prompt": [600, 500], "arrivals": [0.0, 0.001]}
+    args = {"output_lens": [3, 2], "prompt": [600, 500], "arrivals": [0.0, 0.0]}
     ref = run(args, cfg, "chunked", 1000, 16, fast=False)
     assert fast_runs == []
     fast = run(args, cfg, "chunked", 1000, 16, fast=True)
-    assert fast_runs[:2] == [1, 2]
+    assert fast_runs[0] == 3
     steps = fast.steps
     assert steps["num_prefill_tokens"].tolist()[:3] == [256, 256, 88 + 168]
     assert steps["num_seqs"].tolist()[:3] == [1, 1, 2]
-    assert steps["num_waiting"].tolist()[:3] == [0, 1, 0]
+    assert steps["num_waiting"].tolist()[:3] == [1, 1, 0]
     # B's blocks (168 tokens: 11 of 16) count in that step's row: 600 / 16 -> 38, + 11.
     assert steps["kv_blocks_used"].tolist()[2] == 38 + 11
+    assert fast.steps.equals(ref.steps)
+    assert fast.requests.equals(ref.requests)
+
+
+def test_a_run_goes_past_an_arrival_its_full_chunks_leave_waiting(fast_runs: list[int]
+                                                                  ) -> None:
+    # As above, but B arrives at 1 ms, during A's first step. A's chunks take the whole
+    # budget, so B waits whatever the step: the run goes on past its arrival, recording
+    # it as waiting from the second step, and stops before A's last chunk of 88, whose
+    # leftover 168 tokens admit B (the next run, of that one step). C, arriving at 2 ms
+    # with a prompt over max_model_len, is rejected as it arrives and never waits.
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=4096)
+    args = {"output_lens": [3, 2, 1], "prompt": [600, 500, 5000],
+            "arrivals": [0.0, 0.001, 0.002]}
+    ref = run(args, cfg, "chunked", 1000, 16, fast=False)
+    fast = run(args, cfg, "chunked", 1000, 16, fast=True)
+    assert fast_runs[:2] == [2, 1]
+    steps = fast.steps
+    assert steps["num_prefill_tokens"].tolist()[:3] == [256, 256, 88 + 168]
+    assert steps["num_waiting"].tolist()[:3] == [0, 1, 0]
+    assert fast.requests["status"].tolist() == ["finished", "finished", "rejected"]
+    assert fast.steps.equals(ref.steps)
+    assert fast.requests.equals(ref.requests)
+    args = {"output_lens": [3, 2], "prompt": [600, 500], "arrivals": [0.0, 0.001]}
+    # With long_prefill_token_threshold 200, B's arrival brings the cap into force (two
+    # requests then run or wait): A's next chunk is 200 and the 56 left admit B. That
+    # step sees the arrival, so the run before it ends there.
+    fast_runs.clear()
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=4096,
+                          long_prefill_token_threshold=200)
+    ref = run(args, cfg, "chunked", 1000, 16, fast=False)
+    fast = run(args, cfg, "chunked", 1000, 16, fast=True)
+    assert fast_runs[0] == 1
+    assert fast.steps["num_seqs"].tolist()[:2] == [1, 2]
     assert fast.steps.equals(ref.steps)
     assert fast.requests.equals(ref.requests)
 
@@ -103,7 +136,7 @@ def long_prompts(draw: st.DrawFn) -> tuple[dict, SchedulerConfig, str, int, int]
     long_prefill_token_threshold and max_model_len."""
     n = draw(st.integers(2, 16))
     outs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
-    prompts = draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 440), min_size=n, max_size=n))  # > 420: rejected
     gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.3]), min_size=n,
                          max_size=n))
     bs = draw(st.sampled_from([4, 16]))
