@@ -5,8 +5,8 @@ the next request where the promise says so; past arrivals when its chunks take t
 whole budget, so that only the step of a shorter last chunk would admit them). Which
 steps are safe (``plan_chunk_run``) and what they do (``apply_chunk_run``), with the
 results of the step-by-step engine: the same step times summed in the same order, one
-step row each, the ITL samples booked in the same order. sim/fastpath.py's FastPath calls both;
-tests/test_prefill_runs.py compares the paths.
+step row each, the ITL samples booked in the same order. sim/fastpath.py's FastPath
+calls both; tests/test_prefill_runs.py compares the paths.
 """
 
 from __future__ import annotations
