@@ -192,7 +192,8 @@ def _record(steady: SteadyDecode, plan: ChunkPlan, group_blocks: Sequence[int],
         i = e
     if admitting:  # its last row: both prefills, one more slot held, one fewer waiting
         adm = prefill.admits
-        assert adm is not None
+        # (no arrival came during the run: the step that admits would have seen it)
+        assert adm is not None and waiting is None
         rec.record_steps(times[k:], dts[k:], [row_blocks[k] + adm.blocks_allocated],
                          (useful + 1, chunks[k] + adm.num_tokens, g, num_waiting - 1,
                           useful + 1, held - useful, empty - 1, 0))
@@ -261,7 +262,7 @@ def prefill_step_times(steady: SteadyDecode, chunks: Sequence[int],
     limit = run_limit(None if pass_arrivals else next_arrival, end_before)
     alone = chunks[:-1] if admits is not None else chunks
     prices: Iterable[float]
-    if price_chunks is not None:  # priced only up to the step that would see the arrival
+    if price_chunks is not None:  # priced only up to the step at the limit (if any)
         prices = price_chunks(num_tokens, has_output, req.num_computed_tokens, alone, g,
                               ctx, growth, start, limit)
     else:

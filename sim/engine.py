@@ -4,13 +4,14 @@ decides nothing.
 
 Each iteration, as named steps: admit the arrived requests (rejecting those that can
 never be served); advance a steady-decode run when the policy promises one
-(sim/fastpath.py), else schedule one step (the policy's BatchPlan), price it (the cost
-model, or an executor's measured time), wait it out (``yield env.timeout(dt)``), update
-and record. The update rule: num_computed_tokens += n; when a request's computed tokens
-reach its known tokens it samples one output token (the first sets first_token_time);
-at its finish limit (``sim.request.finish_limit``, stored in the request's
-``max_output_tokens`` at admission) it is done and the policy releases
-it. With no work the engine waits on the next arrival's timeout event; it never polls.
+(sim/fastpath.py; a chunk run that went past arrivals admits them, through the same
+guard, at the steps that saw them), else schedule one step (the policy's BatchPlan),
+price it (the cost model, or an executor's measured time), wait it out (``yield
+env.timeout(dt)``), update and record. The update rule: num_computed_tokens += n; when a
+request's computed tokens reach its known tokens it samples one output token (the first
+sets first_token_time); at its finish limit (``sim.request.finish_limit``, stored in the
+request's ``max_output_tokens`` at admission) it is done and the policy releases it.
+With no work the engine waits on the next arrival's timeout event; it never polls.
 
 Two optional hooks serve sources that learn of arrivals only as the run goes (closed-loop
 clients, a cluster router): ``on_release(req, now)`` is called for every request the engine

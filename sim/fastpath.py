@@ -114,9 +114,10 @@ class FastPath:
 
     def plan(self, now: float) -> Run | None:
         """The longest safe run starting at ``now`` (s): up to the step in which the first
-        request finishes and while its blocks fit, cut before an arrival or a routing
-        instant. None when the policy makes no promise or fewer than two steps are safe
-        (the step-by-step path is as cheap)."""
+        request finishes and while its blocks fit, cut before an arrival (a chunk run's
+        only where a step would admit it) or a routing instant. None when the policy
+        makes no promise or fewer than two steps are safe (the step-by-step path is as
+        cheap)."""
         steady = self._steady(now)
         if steady is None:
             return None

@@ -1,7 +1,8 @@
 """A fast-path run's step boundaries (sim/fastpath.py decode runs, sim/chunk_run.py chunk
 runs): its steps' prices summed in the engine's order, cut before the step that would
-see the next arrival or end at or after a cluster's routing instant, and cut again to
-where the engine's one timeout lands."""
+see the next arrival (a chunk run past arrivals its steps would not admit: only before
+the step of its shorter last chunk) or end at or after a cluster's routing instant, and
+cut again to where the engine's one timeout lands."""
 
 from __future__ import annotations
 
