@@ -57,7 +57,8 @@ def test_an_interrupted_map_ends_its_running_tasks_at_once() -> None:
 
     with pytest.raises(RuntimeError, match="interrupted"), Executor(2) as ex:
         ex.map(time.sleep, [0.0, 20.0], on_done=interrupt)  # one worker sleeps 20 s
-    assert time.monotonic() - interrupted[0] < 1.0
+    # far below the 20 s a wait would take, with room for a slow or loaded machine
+    assert time.monotonic() - interrupted[0] < 5.0
     assert len(workers) == 2 and not multiprocessing.active_children()
 
 
