@@ -42,9 +42,7 @@ def cut_run(prices: Iterable[float], start: float, limit: float, end_before: flo
         t = t + dt
         times.append(t)
         dts.append(dt)
-    while len(times) > min_steps + 1 and start + (times[-1] - start) != times[-1]:
-        times.pop()
-        dts.pop()
+    _end_where_the_clock_lands(times, dts, min_steps)
     return times, dts
 
 
@@ -52,9 +50,15 @@ def drop_last_step(times: list[float], dts: list[float]) -> None:
     """Cut a run made by cut_run (``times`` its boundaries from its start, ``dts`` its
     step times, at least one step) by its last step, and then by as many more as its
     end needs to stay where the clock lands (cut_run's rule), in place."""
-    start = times[0]
     times.pop()
     dts.pop()
-    while len(times) > 1 and start + (times[-1] - start) != times[-1]:
+    _end_where_the_clock_lands(times, dts, 0)
+
+
+def _end_where_the_clock_lands(times: list[float], dts: list[float], min_steps: int) -> None:
+    """Drop a run's last steps (in place) until ``start + (t_last - start) == t_last``,
+    keeping at least ``min_steps`` (cut_run's rule)."""
+    start = times[0]
+    while len(times) > min_steps + 1 and start + (times[-1] - start) != times[-1]:
         times.pop()
         dts.pop()

@@ -89,11 +89,11 @@ def test_a_run_goes_past_an_arrival_its_full_chunks_leave_waiting(fast_runs: lis
     assert fast.requests["status"].tolist() == ["finished", "finished", "rejected"]
     assert fast.steps.equals(ref.steps)
     assert fast.requests.equals(ref.requests)
-    args = {"output_lens": [3, 2], "prompt": [600, 500], "arrivals": [0.0, 0.001]}
     # With long_prefill_token_threshold 200, B's arrival brings the cap into force (two
     # requests then run or wait): A's next chunk is 200 and the 56 left admit B. That
     # step sees the arrival, so the run before it ends there.
     fast_runs.clear()
+    args = {"output_lens": [3, 2], "prompt": [600, 500], "arrivals": [0.0, 0.001]}
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=4096,
                           long_prefill_token_threshold=200)
     ref = run(args, cfg, "chunked", 1000, 16, fast=False)
