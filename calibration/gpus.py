@@ -51,6 +51,10 @@ class GPUSpec:
     gemm_efficiency: achieved / dense-peak bf16 GEMM throughput of a 7-8B Llama layer's four
       linear layers at 2,048 tokens, the compute efficiency the roofline prices this GPU at;
       None: the roofline's default (calibration.roofline.gemm_efficiency).
+    non_torch_bytes / tp_non_torch_bytes: memory a single-GPU vLLM worker / one of a
+      tensor-parallel group (NCCL and custom all-reduce buffers included) adds outside
+      PyTorch's allocator in its profile run, where vLLM logs on this GPU's platform measured
+      or imply it; None: calibration.memory's defaults.
     Raises ValueError naming the field for non-positive numbers, a gemm_efficiency outside
     (0, 1].
     """
@@ -67,6 +71,8 @@ class GPUSpec:
     fp8_flops: float | None = None
     memory_bytes_reported: int | None = None
     gemm_efficiency: float | None = None
+    non_torch_bytes: int | None = None
+    tp_non_torch_bytes: int | None = None
 
     def __post_init__(self) -> None:
         require_positive(
@@ -81,6 +87,8 @@ class GPUSpec:
             "interconnect_bandwidth_bytes_per_s": self.interconnect_bandwidth_bytes_per_s,
             "fp8_flops": self.fp8_flops,
             "memory_bytes_reported": self.memory_bytes_reported,
+            "non_torch_bytes": self.non_torch_bytes,
+            "tp_non_torch_bytes": self.tp_non_torch_bytes,
         }
         require_positive("GPUSpec", **{k: v for k, v in optional.items() if v is not None})
         if self.interconnect_latency_s is not None and self.interconnect_latency_s < 0:
@@ -167,7 +175,7 @@ def _reads_as_number(value: Any) -> bool:
 _NUMERIC_KEYS = frozenset((*_REQUIRED_KEYS, "memory_gib", "memory_bytes",
                            "memory_bytes_reported", "interconnect_bandwidth_gb_s",
                            "interconnect_latency_us", "fp8_tensor_dense_tflops",
-                           "gemm_efficiency"))
+                           "gemm_efficiency", "non_torch_gib", "tp_non_torch_gib"))
 """Spec keys whose values are numbers (a string of digits reads as one)."""
 
 
@@ -175,6 +183,7 @@ def _spec(entry: Mapping[str, Any], where: str) -> GPUSpec:
     """spec_from_entry's GPUSpec, its keys checked."""
     reported = entry.get("memory_bytes_reported")
     gemm = entry.get("gemm_efficiency")
+    non_torch, tp_non_torch = entry.get("non_torch_gib"), entry.get("tp_non_torch_gib")
     return GPUSpec(
         name=str(entry["name"]),
         memory_bytes=_memory_bytes(entry, where),
@@ -188,6 +197,8 @@ def _spec(entry: Mapping[str, Any], where: str) -> GPUSpec:
         fp8_flops=_scaled(entry, "fp8_tensor_dense_tflops", 1e12),
         memory_bytes_reported=None if reported is None else int(reported),
         gemm_efficiency=None if gemm is None else float(gemm),
+        non_torch_bytes=None if non_torch is None else round(float(non_torch) * GIB),
+        tp_non_torch_bytes=None if tp_non_torch is None else round(float(tp_non_torch) * GIB),
     )
 
 
@@ -221,8 +232,9 @@ def load_gpu_spec(path: str | Path) -> GPUSpec:
     """Read a GPU spec file: JSON, TOML or YAML holding one table with gpus.json's keys
     (name, memory_gib or memory_bytes, memory_bytes_reported, memory_bandwidth_gb_s,
     bf16/fp16/fp8_tensor_dense_tflops, fp32_tflops, interconnect_bandwidth_gb_s,
-    interconnect_latency_us, gemm_efficiency). Raises ValueError for a missing file, another
-    suffix, a parse error, a document that is not a table or missing keys, naming the file."""
+    interconnect_latency_us, gemm_efficiency, non_torch_gib, tp_non_torch_gib). Raises
+    ValueError for a missing file, another suffix, a parse error, a document that is not a
+    table or missing keys, naming the file."""
     file = Path(path)
     if file.suffix.lower() not in SPEC_FILE_SUFFIXES:
         raise ValueError(f"{file}: a GPU spec file must end in {_suffixes()}")

@@ -34,30 +34,54 @@ from calibration.cuda_graphs import CudaGraphConfig, cudagraph_memory_bytes, max
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 
-NON_TORCH_BYTES_TP1: int = round(0.13 * GIB)
-"""Memory a single-GPU vLLM process holds outside PyTorch's allocator (CUDA context, cuBLAS
-workspaces): about 0.13 GiB in vLLM 0.11 start-up logs at tensor_parallel_size 1 (issue 19's
-survey); older V0 logs show more (0.35 GiB on an RTX 3090, vllm-project/vllm#10517)."""
+NON_TORCH_BYTES_TP1: int = round(0.25 * GIB)
+"""Memory a single-GPU vLLM worker's profile run adds outside PyTorch's allocator (cuBLAS
+workspaces, NCCL's and Triton's own allocations), which vLLM deducts from the KV cache: the
+"non-torch forward increase memory" of vLLM 0.19.0's H100 start-up logs is 0.24-0.27 GiB in
+39 of 42 runs at tensor_parallel_size 1 (llm-d-incubation/llm-d-planner
+accuracy/results/v0.19.0/logs at commit d3121e0; the three Granite runs show 0.46). Older V0
+engines held more (0.35 GiB on an RTX 3090, vllm-project/vllm#10517)."""
 
 NON_TORCH_BYTES_TP: int = round(0.54 * GIB)
-"""The same with tensor parallelism, which adds NCCL and custom all-reduce buffers: about
-0.54 GiB per GPU at tensor_parallel_size 2 in vLLM 0.11 logs (issue 19's survey)."""
+"""The same per GPU of a tensor-parallel group on a GPU whose spec carries no measured figure
+(GPUSpec.tp_non_torch_bytes): about 0.54 GiB at tensor_parallel_size 2 in vLLM 0.11 logs
+(issue 19's survey), which also fits a PCIe RTX PRO 6000 pair under vLLM 0.28. NVSwitch H100s
+hold about 2.1 GiB (calibration/data/gpus.json, tp_non_torch_source)."""
 
-SAMPLER_BYTES_PER_LOGIT = 32
-"""Bytes the dummy sampler run holds per vocabulary entry per sequence at its peak: the
-LM head's output in the model dtype, its fp32 copy, the sorted fp32 logits and their int64
-indices of the top-k/top-p pass, and the fp32 probabilities (2 + 4 + 4 + 8 + 4 = 22), plus
-the temporaries of the softmax and cumulative sum (vllm/v1/sample/ops/topk_topp_sampler.py,
-vLLM 0.32). 32 is fitted to the one start-up log that isolates it: vLLM 0.19 on an RTX 4090
-(Llama-3.1-8B, max_num_seqs 256, 2,048 batched tokens: 2,588 blocks, LLMServingSim's
-bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json) leaves 0.99 GiB between weights, KV cache
-and 0.13 GiB of non-torch memory, 31.9 bytes per entry. vLLM 0.11 logs show 4.8-5.6 GiB at
-max_num_seqs 1,024 (39-46 bytes), so this undercounts that version by about 1 GiB."""
+SAMPLER_FP32_BYTES_PER_LOGIT = 12.6
+"""Bytes the dummy sampler run holds per vocabulary entry per sampled row at its peak beyond
+the LM head's output (which takes the model dtype's bytes): the fp32 logits, the fp32
+probabilities and the fp32 exponential noise of the random sample, 12 bytes, with vLLM's
+Triton top-k/top-p kernel masking the logits in place (vllm/v1/sample/ops/topk_topp_sampler.py;
+Triton kernel from vllm-project/vllm#33538, used for batches of 8 rows and more, where the
+sort-based path it replaced held about 37 bytes an entry). Fitted as 12.6 + 2 = 14.6 bytes in
+bf16 with SAMPLER_HIDDEN_COPIES to the "torch peak memory increase" of 11 dense vLLM 0.19.0
+H100 start-up logs at max_num_seqs 1,024 and 8,192 batched tokens (vocabularies of 100k to
+256k entries, hidden sizes 2,304 to 8,192; llm-d-incubation/llm-d-planner
+accuracy/results/v0.19.0/logs at commit d3121e0): residuals within 0.03 GiB but for
+Mistral-Small-24B (-0.08). The fp32 Llama-3.1-8B run (2.21 GiB against 1.89 in bf16) checks the
+dtype term."""
+
+SAMPLER_HIDDEN_COPIES = 1.5
+"""Copies of the profile run's max_num_batched_tokens x hidden_size hidden states (model dtype)
+alive beside the sampler at its peak, fitted with SAMPLER_FP32_BYTES_PER_LOGIT."""
 
 
-def default_non_torch_bytes(tensor_parallel_size: int = 1) -> int:
-    """NON_TORCH_BYTES_TP1 at tensor_parallel_size 1, NON_TORCH_BYTES_TP above it."""
-    return NON_TORCH_BYTES_TP1 if tensor_parallel_size <= 1 else NON_TORCH_BYTES_TP
+def sampler_bytes_per_logit(dtype_bytes: int) -> float:
+    """Bytes the dummy sampler run holds per vocabulary entry per sampled row:
+    dtype_bytes (the LM head's output) + SAMPLER_FP32_BYTES_PER_LOGIT; 14.6 in bf16."""
+    return dtype_bytes + SAMPLER_FP32_BYTES_PER_LOGIT
+
+
+def default_non_torch_bytes(tensor_parallel_size: int = 1, gpu: GPUSpec | None = None) -> int:
+    """The GPU spec's own figure where it has one (GPUSpec.non_torch_bytes at
+    tensor_parallel_size 1, tp_non_torch_bytes above it), else NON_TORCH_BYTES_TP1 or
+    NON_TORCH_BYTES_TP."""
+    if tensor_parallel_size <= 1:
+        own, default = (gpu.non_torch_bytes if gpu else None), NON_TORCH_BYTES_TP1
+    else:
+        own, default = (gpu.tp_non_torch_bytes if gpu else None), NON_TORCH_BYTES_TP
+    return default if own is None else own
 
 
 def rope_cache_bytes(model: ModelSpec, dtype_bytes: int) -> int:
@@ -80,19 +104,26 @@ def activation_peak_bytes(
 
     The forward peak sits in the MLP at the down projection, where the layer input, the
     residual and the down output (3 * hidden) are alive with gate_up (2 * I) and the activated
-    product (I) for each of the k experts a token uses; MoE adds k * hidden for the fused-MoE
-    output buffer and fp32 router logits (4 * E). The sampler peak keeps the final hidden
-    states and, per sampled row and vocabulary entry, SAMPLER_BYTES_PER_LOGIT bytes (logits,
-    their fp32 copies and the top-k/top-p sort). The two phases do not overlap:
+    product (I) for each of the k experts a token uses (I: a routed expert's width in MoE
+    layers, the dense width elsewhere; the larger of the two layer kinds counts); MoE adds
+    k * hidden for the fused-MoE output buffer and fp32 router logits (4 * E). The sampler's
+    peak holds SAMPLER_HIDDEN_COPIES of the hidden states and, per sampled row and vocabulary
+    entry, sampler_bytes_per_logit(dtype) bytes (the logits over the whole vocabulary on every
+    GPU of the group); a MoE model's fused-MoE workspace (k * (3I / N + hidden) a token) stays
+    allocated through it, as the fused-MoE kernels keep their workspace between calls. The two
+    phases do not overlap:
 
-        forward = T * (dtype * (3h + k * 3I / N + [MoE] k * h) + [MoE] 4E)
-        sampler = T * h * dtype + S * V * SAMPLER_BYTES_PER_LOGIT
+        forward = T * (dtype * (3h + k * 3I / N + [MoE] k * h) + [MoE] 4E)   (k = 1 dense)
+        sampler = [MoE] T * dtype * k * (3I / N + h) + 1.5 * T * h * dtype
+                  + S * V * (dtype + 12.6)
         peak    = max(forward, sampler)
 
     T = max_num_batched_tokens, S = max_num_seqs, N = tensor_parallel_size (the MLP is
-    sharded N ways). Check: Llama-3.1-8B bf16, T = 20,000 gives 2.06 GiB, T = 29,000 gives
-    2.99 GiB; vLLM measured 2.07 and 2.99 GiB (vllm#10517: peak_torch_memory 17.06 and
-    17.98 GiB minus 14.99 GiB of weights). Raises ValueError naming a non-positive argument.
+    sharded N ways). Checks: Llama-3.1-8B bf16, T = 20,000 gives 2.06 GiB, T = 29,000 gives
+    2.99 GiB, vLLM 0.6.4 measured 2.07 and 2.99 GiB (vllm#10517: peak_torch_memory 17.06 and
+    17.98 GiB minus 14.99 GiB of weights); at T = 8,192 and S = 1,024 it gives 1.88 GiB and
+    vLLM 0.19.0 measured 1.89, Qwen3-30B-A3B 2.64 against 2.68 (llm-d-planner's H100 logs,
+    SAMPLER_FP32_BYTES_PER_LOGIT). Raises ValueError naming a non-positive argument.
     """
     if max_num_batched_tokens < 1:
         raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
@@ -101,15 +132,22 @@ def activation_peak_bytes(
     if dtype_bytes < 1:
         raise ValueError(f"dtype_bytes must be >= 1, got {dtype_bytes}")
     model.check_tensor_parallel(tensor_parallel_size)
-    h, k = model.hidden_size, model.num_experts_per_tok
-    mlp_elems = 3 * k * model.intermediate_size // tensor_parallel_size
-    per_token = dtype_bytes * (3 * h + mlp_elems)
-    if model.num_experts > 1:
-        per_token += dtype_bytes * k * h + 4 * model.num_experts
+    h, n = model.hidden_size, tensor_parallel_size
+    per_token = 0
+    if model.num_moe_layers < model.num_layers:  # dense MLP layers
+        per_token = dtype_bytes * (3 * h + 3 * model.intermediate_size // n)
+    moe_workspace = 0
+    if model.num_moe_layers:
+        k = model.num_experts_per_tok
+        routed = 3 * k * model.expert_intermediate_size // n + k * h
+        per_token = max(per_token,
+                        dtype_bytes * (3 * h + routed) + 4 * model.num_experts)
+        moe_workspace = max_num_batched_tokens * dtype_bytes * routed
     forward = max_num_batched_tokens * per_token
-    sampler = (max_num_batched_tokens * h * dtype_bytes
-               + max_num_seqs * model.vocab_size * SAMPLER_BYTES_PER_LOGIT)
-    return max(forward, sampler)
+    sampler = (moe_workspace
+               + SAMPLER_HIDDEN_COPIES * max_num_batched_tokens * h * dtype_bytes
+               + max_num_seqs * model.vocab_size * sampler_bytes_per_logit(dtype_bytes))
+    return max(forward, math.ceil(sampler))
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +275,7 @@ def plan_for(
     """The plan for a model on a GPU, per GPU of a tensor-parallel group, budgeted against
     the memory torch reports (gpu.total_memory_bytes): weights / N (every matrix is sharded;
     the replicated norms are negligible) plus the rotary cache, the estimated activation
-    peak, non-torch memory (default_non_torch_bytes(N) unless given) and the per-GPU KV
+    peak, non-torch memory (default_non_torch_bytes(N, gpu) unless given) and the per-GPU KV
     bytes per token. kv_cache_memory_bytes, when given, is the KV cache's size as vLLM's
     --kv-cache-memory sets it: gpu_memory_utilization and the profile are then not used for
     it, nor ``gpu`` (None: a device without a GPU spec, which needs it). ``cuda_graphs``:
@@ -255,7 +293,7 @@ def plan_for(
     activations = activation_peak_bytes(
         model, max_num_batched_tokens, max_num_seqs, dtype_bytes, tensor_parallel_size
     )
-    non_torch = (default_non_torch_bytes(tensor_parallel_size) if non_torch_bytes is None
+    non_torch = (default_non_torch_bytes(tensor_parallel_size, gpu) if non_torch_bytes is None
                  else non_torch_bytes)
     if kv_cache_memory_bytes is not None:
         return _plan_fixed_kv(kv_cache_memory_bytes, kv_per_token, block_size,

@@ -40,12 +40,12 @@ REQUESTED = math.ceil(0.9 * 85_061_827_297)
 PARAMS = (2 * 128_256 * 4_096 + 4_096
           + 32 * (2 * 4_096**2 + 2 * 4_096 * 1_024 + 3 * 4_096 * 14_336 + 2 * 4_096))
 WEIGHTS = 2 * PARAMS + 131_072 * 128 * 2
-#: The profile run's peak (activation_peak_bytes): the sampler's, 8,192 tokens x 4,096 x
-#: 2 B of hidden states + 1,024 rows x 128,256 logits x 32 B, above the forward's
+#: The profile run's peak (activation_peak_bytes): the sampler's, 1.5 x 8,192 tokens x
+#: 4,096 x 2 B of hidden states + 1,024 rows x 128,256 logits x 14.6 B, above the forward's
 #: 8,192 x 2 B x (3 x 4,096 + 3 x 14,336).
 ACTIVATIONS = max(8_192 * 2 * (3 * 4_096 + 3 * 14_336),
-                  8_192 * 4_096 * 2 + 1_024 * 128_256 * 32)
-NON_TORCH = 139_586_437  # 0.13 GiB: NON_TORCH_BYTES_TP1
+                  math.ceil(1.5 * 8_192 * 4_096 * 2 + 1_024 * 128_256 * 14.6))
+NON_TORCH = 268_435_456  # 0.25 GiB: NON_TORCH_BYTES_TP1
 #: FULL_AND_PIECEWISE over 51 sizes: the first capture + 100 further graphs x 32 layers
 #: (tests/test_cuda_graphs.py).
 GRAPHS = 332_859_965 + CUDA_GRAPH_BYTES_PER_GRAPH_LAYER * 32 * 100
@@ -87,8 +87,8 @@ def test_the_default_plan_is_the_sum_of_its_parts() -> None:
     assert (p.requested_bytes, p.weights_bytes, p.activation_bytes, p.non_torch_bytes,
             p.cudagraph_bytes) == (REQUESTED, WEIGHTS, ACTIVATIONS, NON_TORCH, GRAPHS)
     assert (p.kv_bytes, default.num_gpu_blocks) == (DEFAULT_KV_BYTES, DEFAULT_BLOCKS)
-    assert (DEFAULT_KV_BYTES, DEFAULT_BLOCKS, EAGER_BLOCKS) == (55_135_473_366, 26_290,
-                                                                  26_727)
+    assert (DEFAULT_KV_BYTES, DEFAULT_BLOCKS, EAGER_BLOCKS) == (57_258_284_020, 27_302,
+                                                                  27_739)
 
 
 def test_compilation_config_and_top_level_keys_are_read_as_given(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_a_max_capture_size_of_64_gives_back_the_graphs_above_it(tmp_path: Path)
     saved = 80 * 32 * CUDA_GRAPH_BYTES_PER_GRAPH_LAYER
     assert saved == 467_077_120
     assert capped.kv_plan.kv_bytes - DEFAULT_KV_BYTES == saved
-    assert capped.num_gpu_blocks == (DEFAULT_KV_BYTES + saved) // BLOCK_BYTES == 26_513
+    assert capped.num_gpu_blocks == (DEFAULT_KV_BYTES + saved) // BLOCK_BYTES == 27_525
 
 
 def test_full_is_planned_as_vllm_resolves_it_on_the_gpu(tmp_path: Path) -> None:

@@ -93,9 +93,10 @@ def test_each_pools_batch_limits_size_its_kv_plan() -> None:
     # Both pools on the run's H100 (Llama-3.1-8B, 8,192 tokens each), the prefill pool
     # with 32 sequences, the decode pool with 256; each is planned as a vLLM launch with
     # its own limits. Memory (bytes): ceil(85,061,827,297 x 0.9) = 76,555,644,568 requested,
-    # 16,094,076,928 of weights, 139,586,437 non-torch, 2,097,152 a block.
+    # 16,094,076,928 of weights, 268,435,456 non-torch, 2,097,152 a block.
     # Activation peak (calibration/memory.py): max(forward 8,192 x 110,592 = 905,969,664,
-    # sampler 67,108,864 + S x 128,256 x 32): 905,969,664 at S = 32, 1,117,782,016 at 256.
+    # sampler 100,663,296 + S x 128,256 x 14.6): the forward's at S = 32 and at 256
+    # (580,032,922).
     # CUDA graphs (vLLM 0.32 _set_cudagraph_sizes, CudagraphDispatcher): at S = 32 the
     # sizes stop at 64 (1, 2, 4, 8..64: 11 piecewise) and 7 are <= 32 (full): 16 further
     # graphs; at S = 256, 51 piecewise and 35 full (1..256): 84 further; each 182,452 B x
@@ -104,16 +105,16 @@ def test_each_pools_batch_limits_size_its_kv_plan() -> None:
                              num_requests=2, step_time=0.01, prefill_max_num_seqs=32,
                              decode_max_num_seqs=256))
     assert prep.pools is not None
-    requested, weights, non_torch, block = 76_555_644_568, 16_094_076_928, 139_586_437, 2 << 20
+    requested, weights, non_torch, block = 76_555_644_568, 16_094_076_928, 268_435_456, 2 << 20
     graphs_32 = 332_859_965 + 182_452 * 32 * 16  # 426,275,389
     graphs_256 = 332_859_965 + 182_452 * 32 * 84  # 823,290,941
     assert prep.pools["prefill"].num_gpu_blocks == (
-        requested - weights - 905_969_664 - non_torch - graphs_32) // block == 28_128
+        requested - weights - 905_969_664 - non_torch - graphs_32) // block == 28_067
     assert prep.pools["decode"].num_gpu_blocks == (
-        requested - weights - 1_117_782_016 - non_torch - graphs_256) // block == 27_838
-    # Every pool has its own engine: the run reports the decode pool's (not the 26,290
+        requested - weights - 905_969_664 - non_torch - graphs_256) // block == 27_877
+    # Every pool has its own engine: the run reports the decode pool's (not the 27,302
     # blocks of the run's own 1,024 sequences, which no pool runs).
-    assert prep.num_gpu_blocks == 27_838
+    assert prep.num_gpu_blocks == 27_877
     assert prep.kv_plan == prep.pools["decode"].kv_plan
     assert prep.pools["prefill"].scheduler.max_num_seqs == 32
     # Each equals an aggregated run with the pool's limits.
@@ -125,26 +126,26 @@ def test_each_pools_batch_limits_size_its_kv_plan() -> None:
 def test_a_hand_sized_pool_is_checked_against_each_pools_own_graphs(tmp_path: Path) -> None:
     # --num-gpu-blocks must leave room for the CUDA graphs each pool's engine captures
     # after allocating it (startup_checks.check_kv_pool_fits_gpu): on an H100 (85,061,827,297
-    # B as torch reports it) beside 16,094,076,928 B of weights and 139,586,437 of
+    # B as torch reports it) beside 16,094,076,928 B of weights and 268,435,456 of
     # non-torch memory. 64 sequences: sizes 1, 2, 4, 8..128 (19 piecewise), 11 of them
     # <= 64 (full): 332,859,965 + 182,452 x 32 x (18 + 10) = 496,336,957 B of graphs,
-    # room for (68,828,163,932 - 496,336,957) // 2,097,152 = 32,583 blocks. The run's own
-    # 1,024 sequences (916,706,365 B of graphs) leave room for 32,382, which no pool uses
+    # room for (68,699,314,913 - 496,336,957) // 2,097,152 = 32,521 blocks. The run's own
+    # 1,024 sequences (916,706,365 B of graphs) leave room for 32,321, which no pool uses
     # when both have their own limits.
     base = ["run", "--disagg", "1P1D", "--num-requests", "2", "--step-time", "0.01",
             "--prefill-max-num-seqs", "64", "--num-gpu-blocks"]
     both = ["--decode-max-num-seqs", "64"]
-    ok = runner.invoke(app, [*base, "32583", *both, "--out", str(tmp_path / "a")])
+    ok = runner.invoke(app, [*base, "32521", *both, "--out", str(tmp_path / "a")])
     assert ok.exit_code == 0, ok.output
     cfg = json.loads((tmp_path / "a" / "config.json").read_text())
-    assert cfg["num_gpu_blocks"] == 32583
-    over = runner.invoke(app, [*base, "32584", *both, "--out", str(tmp_path / "b")])
+    assert cfg["num_gpu_blocks"] == 32521
+    over = runner.invoke(app, [*base, "32522", *both, "--out", str(tmp_path / "b")])
     assert over.exit_code == 1
     assert over.stderr.splitlines()[-1].startswith(
         "error: prefill pool (prefill_max_num_seqs 64): num_gpu_blocks: a KV cache of")
     # The decode pool without its own limits runs the run's engine: its 1,024-sequence
-    # graphs leave no room for 32,383 blocks.
-    one = runner.invoke(app, [*base, "32383", "--out", str(tmp_path / "c")])
+    # graphs leave no room for 32,322 blocks.
+    one = runner.invoke(app, [*base, "32322", "--out", str(tmp_path / "c")])
     assert one.exit_code == 1 and "0.85 GiB of CUDA graphs" in one.stderr
 
 
@@ -152,20 +153,21 @@ def test_a_run_whose_pools_all_have_their_own_limits_is_not_refused_by_its_own(
         tmp_path: Path) -> None:
     # An H100 at gpu_memory_utilization 0.205: ceil(85,061,827,297 x 0.205) =
     # 17,437,674,596 B requested. With 16 sequences and 2,048 tokens a step: 16,094,076,928
-    # of weights, an activation peak of max(2,048 x 110,592 = 226,492,416, 67,108,864 +
-    # 16 x 128,256 x 32) = 226,492,416, 139,586,437 non-torch, and CUDA graphs of sizes 1,
-    # 2, 4, 8, 16, 24, 32 (7 piecewise, 5 full <= 16): 332,859,965 + 182,452 x 32 x
-    # (6 + 4) = 391,244,605. KV: 586,274,210 B = 279 blocks of 2,097,152. The run's own
+    # of weights, an activation peak of max(2,048 x 110,592 = 226,492,416, 1.5 x 2,048 x
+    # 4,096 x 2 + 16 x 128,256 x 14.6 = 55,126,426) = 226,492,416, 268,435,456 non-torch,
+    # and CUDA graphs of sizes 1, 2, 4, 8, 16, 24, 32 (7 piecewise, 5 full <= 16):
+    # 332,859,965 + 182,452 x 32 x (6 + 4) = 391,244,605. KV: 457,425,191 B = 218 blocks
+    # of 2,097,152. The run's own
     # limits (1,024 sequences, 8,192 tokens) leave no room, but no pool runs them.
-    kv = 17_437_674_596 - 16_094_076_928 - 226_492_416 - 139_586_437 - 391_244_605
-    assert kv // (2 << 20) == 279
+    kv = 17_437_674_596 - 16_094_076_928 - 226_492_416 - 268_435_456 - 391_244_605
+    assert kv // (2 << 20) == 218
     limits = {f"{pool}_{f}": n for pool in ("prefill", "decode")
               for f, n in (("max_num_seqs", 16), ("max_num_batched_tokens", 2048))}
     prep = prepare(RunConfig(disagg="1P1D", gpu_memory_utilization=0.205, max_model_len=2048,
                              num_requests=2, step_time=0.01, **limits))  # type: ignore[arg-type]
     assert prep.pools is not None
-    assert [e.num_gpu_blocks for e in prep.pools.values()] == [279, 279]
-    assert prep.num_gpu_blocks == 279 and prep.kv_plan is not None
+    assert [e.num_gpu_blocks for e in prep.pools.values()] == [218, 218]
+    assert prep.num_gpu_blocks == 218 and prep.kv_plan is not None
     assert prep.kv_plan.kv_bytes == kv and prep.kv_plan.cudagraph_bytes == 391_244_605
     # What the run prints and config.json records are the decode pool's figures.
     res = runner.invoke(app, ["run", "--disagg", "1P1D", "--gpu-memory-utilization", "0.205",
@@ -174,9 +176,9 @@ def test_a_run_whose_pools_all_have_their_own_limits_is_not_refused_by_its_own(
                               *(a for k, v in limits.items()
                                 for a in (f"--{k.replace('_', '-')}", str(v)))])
     assert res.exit_code == 0, res.output
-    assert "# GPU blocks: 279; GPU KV cache size: 4,464 tokens" in res.stdout
+    assert "# GPU blocks: 218; GPU KV cache size: 3,488 tokens" in res.stdout
     resolved = json.loads((tmp_path / "r" / "config.json").read_text())["resolved"]
-    assert (resolved["num_gpu_blocks"], resolved["kv_capacity_tokens"]) == (279, 279 * 16)
+    assert (resolved["num_gpu_blocks"], resolved["kv_capacity_tokens"]) == (218, 218 * 16)
     # One pool keeping the run's limits runs the run's engine, which is refused.
     with pytest.raises(ValueError, match=r"gpu_memory_utilization 0\.205 leaves no room"):
         prepare(RunConfig(disagg="1P1D", gpu_memory_utilization=0.205, max_model_len=2048,

@@ -1,5 +1,6 @@
 """GPU spec files in YAML as in JSON, and gemm_efficiency: a GPUSpec field that presets carry
-in calibration/data/gpus.json, a spec file may set, and the roofline prices compute at."""
+in calibration/data/gpus.json, a spec file may set, and the roofline prices compute at; the
+non-torch memory a spec file may set for the KV plan."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from calibration.gpus import get_gpu, list_gpus, load_gpu_spec
+from calibration.memory import plan_for
 from calibration.roofline import DEFAULT_COMPUTE_EFFICIENCY, RooflineCostModel, gemm_efficiency
-from calibration.specs import get_model
+from calibration.specs import GIB, get_model
 from sim.app.runs.config_file import absolute_paths
 from sim.app.runs.runner import RunConfig, prepare
 from sim.batch import BatchShape
@@ -161,3 +163,19 @@ def test_presets_carry_their_measured_gemm_efficiency_with_a_source() -> None:
     for entry in data["gpus"]:
         has_source = bool(entry.get("gemm_efficiency_source"))
         assert has_source == ("gemm_efficiency" in entry), entry["name"]
+
+
+def test_non_torch_memory_from_a_spec_file_sizes_the_kv_plan(tmp_path: Path) -> None:
+    # A lab's H100 whose vLLM logs print 0.3 GiB outside torch alone and 2.0 GiB a GPU at
+    # TP 2: the plan deducts those, and without the keys the defaults (0.25 and 0.54 GiB).
+    spec = load_gpu_spec(write_spec(tmp_path, "lab.json", non_torch_gib=0.3,
+                                    tp_non_torch_gib=2.0))
+    plain = load_gpu_spec(write_spec(tmp_path, "plain.json"))
+    assert (spec.non_torch_bytes, spec.tp_non_torch_bytes) == (round(0.3 * GIB), 2 * GIB)
+    assert (plain.non_torch_bytes, plain.tp_non_torch_bytes) == (None, None)
+    model = get_model("llama-3.1-8b")
+    plans = {(name, tp): plan_for(model, gpu, "bf16", 0.9, 8192, 256, 16,
+                                  tensor_parallel_size=tp).non_torch_bytes
+             for name, gpu in (("lab", spec), ("plain", plain)) for tp in (1, 2)}
+    assert plans == {("lab", 1): round(0.3 * GIB), ("lab", 2): 2 * GIB,
+                     ("plain", 1): round(0.25 * GIB), ("plain", 2): round(0.54 * GIB)}

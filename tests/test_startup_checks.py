@@ -254,23 +254,23 @@ def test_a_pool_larger_than_the_gpu_is_refused(tmp_path: Path) -> None:
 
 def test_a_pool_sized_by_hand_leaves_room_for_the_cuda_graphs(tmp_path: Path) -> None:
     # An H100 holds 85,061,827,297 B as torch reports it; Llama-3.1-8B takes 16,060,522,496
-    # B of weights + 33,554,432 B of rotary cache, and 139,586,437 B (0.13 GiB) of
-    # non-torch memory: 68,828,163,932 B left, 32,819 blocks of 2 MiB (68,826,431,488 B).
+    # B of weights + 33,554,432 B of rotary cache, and 268,435,456 B (0.25 GiB) of
+    # non-torch memory: 68,699,314,913 B left, 32,758 blocks of 2 MiB (68,698,505,216 B).
     # vLLM 0.32 allocates an overridden pool whatever memory says, then captures its CUDA
     # graphs (gpu_worker.py compile_or_warm_up_model): 332,859,965 + 182,452 x 32 layers x
-    # 100 further graphs = 916,706,365 B with vLLM's defaults, which 32,819 blocks leave no
-    # room for. 32,382 blocks (67,909,730,304 B) leave 67,911,457,567 B >= them.
+    # 100 further graphs = 916,706,365 B with vLLM's defaults, which 32,758 blocks leave no
+    # room for. 32,321 blocks (67,782,049,792 B) leave 67,782,608,548 B >= them.
     base = ("run", *FAST, "--num-gpu-blocks")
-    refused(invoke(*base, "32819", "--out", str(tmp_path / "a")),
-            "num_gpu_blocks: a KV cache of 64.10 GiB leaves the GPU's 79.22 GiB no room",
+    refused(invoke(*base, "32758", "--out", str(tmp_path / "a")),
+            "num_gpu_blocks: a KV cache of 63.98 GiB leaves the GPU's 79.22 GiB no room",
             "for the 0.85 GiB of CUDA graphs vLLM captures after allocating it",
             "CUDA out of memory")
-    for blocks, extra in (("32382", ()), ("32819", ("--enforce-eager",)),
-                          ("32819", ("--cudagraph-mode", "NONE"))):
+    for blocks, extra in (("32321", ()), ("32758", ("--enforce-eager",)),
+                          ("32758", ("--cudagraph-mode", "NONE"))):
         ok = invoke(*base, blocks, *extra, "--out", str(tmp_path / "b"))
         assert ok.exit_code == 0, ok.output
         assert config(tmp_path / "b")["resolved"]["num_gpu_blocks"] == int(blocks)
-    refused(invoke(*base, "32383", "--out", str(tmp_path / "c")), "no room")
+    refused(invoke(*base, "32322", "--out", str(tmp_path / "c")), "no room")
 
 
 # -- flag conflicts ------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from calibration.gpus import GPUSpec
+from calibration.gpus import GPUSpec, get_gpu
 from calibration.hf_config import spec_from_hf_config
 from calibration.memory import KVCachePlan, plan_for
 from calibration.specs import GIB, ModelSpec, get_model
@@ -46,11 +46,14 @@ def plan_row(row: dict[str, Any]) -> KVCachePlan:
     """servesim's plan for one logged start-up: the logged settings and device total; the
     model from its preset or inline spec; servesim's own weights, activation peak, CUDA-graph
     estimate (where that vLLM deducts one) and (unless the V0 log states it) non-torch
-    memory."""
+    memory, the row's GPU preset's own figure where it has one."""
     spec = row_model(row)
     # Only the memory is read by the plan; the rates are placeholders.
+    preset = get_gpu(row["gpu_preset"]) if "gpu_preset" in row else None
     gpu = GPUSpec(row["gpu"], row["total_memory_bytes"], 1e12, 1e12, 1e12, 1e12,
-                  memory_bytes_reported=row["total_memory_bytes"])
+                  memory_bytes_reported=row["total_memory_bytes"],
+                  non_torch_bytes=preset.non_torch_bytes if preset else None,
+                  tp_non_torch_bytes=preset.tp_non_torch_bytes if preset else None)
     non_torch = row.get("non_torch_gib")
     return plan_for(
         spec, gpu, "bf16", row["gpu_memory_utilization"], row["max_num_batched_tokens"],
@@ -73,6 +76,21 @@ def test_the_table_covers_versions_and_gpus() -> None:
 @pytest.mark.parametrize("row", CHECKED, ids=[row["id"] for row in CHECKED])
 def test_plan_within_5_percent_of_vllm(row: dict[str, Any]) -> None:
     assert plan_row(row).num_gpu_blocks == pytest.approx(row["num_gpu_blocks"], rel=0.05)
+
+
+LOGGED = [row for row in LOGS if "logged_torch_peak_gib" in row]
+
+
+def test_the_logged_parts_of_the_plan() -> None:
+    # Where a log prints its profile's parts, servesim's estimate of each: the activation
+    # peak within 0.12 GiB, the non-torch memory within 0.05 GiB.
+    assert len(LOGGED) >= 10
+    for row in LOGGED:
+        plan = plan_row(row)
+        assert plan.activation_bytes / GIB == pytest.approx(
+            row["logged_torch_peak_gib"], abs=0.12), row["id"]
+        assert plan.non_torch_bytes / GIB == pytest.approx(
+            row["logged_non_torch_gib"], abs=0.05), row["id"]
 
 
 def test_only_vllm_0_21_and_later_deduct_cuda_graphs() -> None:
