@@ -10,6 +10,9 @@ process (``os.wait4`` gives that child's peak RSS, the interpreter and libraries
 - ``servesim run --trace FILE --num-requests 10000``: the whole command, simulation and
   run directory included;
 - ``load_trace(path)``: the whole file;
+- ``load_trace(path)`` again, its columns read from the parsed-trace cache that the
+  previous whole read wrote (scenarios/traces/column_cache.py); every other figure is
+  taken with the cache off (``SERVESIM_TRACE_CACHE=0``);
 - with ``--rows``, the whole file through the row-by-row reader (what every read took
   before pandas read the columns: the figure to compare against).
 
@@ -55,11 +58,11 @@ def write_azure_2024(path: Path, n: int, seed: int = 0) -> None:
                 output[start:end].tolist(), strict=True))
 
 
-def measure(argv: list[str]) -> tuple[float, float, str]:
+def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     """(wall seconds, peak RSS in MB, last output line) of one child process."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env=env)
     assert proc.stdout is not None
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -95,18 +98,23 @@ def main() -> None:
                         str(args.rows_count)], check=True)
         print(f"wrote {args.rows_count:,} rows ({path.stat().st_size / 1e6:.0f} MB) in "
               f"{time.perf_counter() - start:.1f} s")
+        off = {**os.environ, "SERVESIM_TRACE_CACHE": "0"}
+        cached = {**os.environ, "SERVESIM_CACHE_DIR": str(Path(tmp) / "cache"),
+                  "SERVESIM_TRACE_CACHE": "1"}
         cases = [
-            ("load_trace, num_requests=10000", _load(path, ", num_requests=10_000")),
+            ("load_trace, num_requests=10000", _load(path, ", num_requests=10_000"), off),
             ("servesim run --num-requests 10000",
              [sys.executable, "-m", "sim.app.cli", "run", "--trace", str(path),
-              "--num-requests", "10000", "--out", str(Path(tmp) / "run")]),
-            ("load_trace, whole file", _load(path)),
+              "--num-requests", "10000", "--out", str(Path(tmp) / "run")], off),
+            ("load_trace, whole file", _load(path), off),
         ]
+        measure(_load(path), cached)  # writes the cache entry
+        cases.append(("load_trace, whole file, cached", _load(path), cached))
         if args.rows:
             no_bulk = "import scenarios.traces.bulk as b; b.read = lambda *a: None; "
-            cases.append(("row-by-row reader, whole file", _load(path, setup=no_bulk)))
-        for label, argv in cases:
-            seconds, rss_mb, last = measure(argv)
+            cases.append(("row-by-row reader, whole file", _load(path, setup=no_bulk), off))
+        for label, argv, env in cases:
+            seconds, rss_mb, last = measure(argv, env)
             print(f"{label:36s} {seconds:6.2f} s  peak RSS {rss_mb:6.0f} MB  ({last})")
 
 

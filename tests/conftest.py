@@ -1,10 +1,11 @@
 """Shared test factories (vLLM-style): make_requests, run_sim, the shared/ path, the
-fast_runs spy, and the hypothesis profiles of the property and differential tests."""
+fast_runs spy, the hypothesis profiles of the property and differential tests, and a
+session folder for the parsed-trace cache."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,17 @@ from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _trace_cache_in_a_temporary_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Parsed-trace cache entries (scenarios/traces/column_cache.py) go to a folder of this
+    session, never the user's ~/.cache; the CLI's child processes inherit it."""
+    folder = tmp_path_factory.mktemp("servesim-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SERVESIM_CACHE_DIR", str(folder))
+        mp.delenv("SERVESIM_TRACE_CACHE", raising=False)
+        yield
 
 # Examples per hypothesis test: a few on a local run (the example database replays any
 # failure found before), many in CI (.ci/run sets HYPOTHESIS_PROFILE=ci). The tests'

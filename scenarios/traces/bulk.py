@@ -5,7 +5,8 @@ Owns the bulk read. pandas (a servesim dependency) parses the columns in C, so a
 Python read took 31 s and 1.6 GB (benchmarks/trace_read_speed.py has the figures). It
 returns None for anything it does not plainly take (a bad value, a missing column, a row
 of the wrong length), and the row-by-row reader (rows.py) then names the line and the
-field at fault: errors keep their line numbers, at the cost of a second read.
+field at fault: errors keep their line numbers, at the cost of a second read. A whole
+file's columns are kept on disk (column_cache.py) for the next process that reads it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from scenarios.traces import column_cache
 from scenarios.traces.formats import Columns, CsvFormat, Progress
 from scenarios.traces.timestamps import bulk_ns
 
@@ -60,7 +62,23 @@ def _chunk_columns(chunk: pd.DataFrame, spec: CsvFormat, filters: dict[str, str]
 def read(path: Path, spec: CsvFormat, filters: dict[str, str],
          num_requests: int | None = None, window_s: float | None = None) -> Columns | None:
     """The file's kept rows (all of them, or as far as the cut when the rows read are in
-    time order: see formats.Progress), or None when pandas does not take the file."""
+    time order: see formats.Progress), or None when pandas does not take the file. A whole
+    read (no cut) goes through the disk cache of parsed columns (column_cache.py)."""
+    if num_requests is not None or window_s is not None:
+        return _parse(path, spec, filters, num_requests, window_s)
+    key = column_cache.file_key(path, spec, filters)
+    cols = column_cache.load(key)
+    if cols is None:
+        cols = _parse(path, spec, filters, None, None)
+        # Kept only when the file is still the one the key was made of.
+        if cols is not None and key == column_cache.file_key(path, spec, filters):
+            column_cache.store(key, cols)
+    return cols
+
+
+def _parse(path: Path, spec: CsvFormat, filters: dict[str, str],
+           num_requests: int | None, window_s: float | None) -> Columns | None:
+    """read's rows, parsed by pandas."""
     import pandas as pd  # only here: `servesim --help` does not load it
 
     seconds = spec.arrival if spec.clock == "seconds" else None
