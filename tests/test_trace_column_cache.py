@@ -106,6 +106,15 @@ def test_turned_off_or_unwritable_it_only_costs_the_parse(tmp_path: Path,
     blocker.write_text("a file where the cache's folder would go")
     monkeypatch.setenv("SERVESIM_CACHE_DIR", str(blocker))
     assert len(load_trace(trace)) == 3 and blocker.is_file()
+    # No cache folder named and no home directory to put one in.
+    monkeypatch.delenv("SERVESIM_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert column_cache.cache_dir() is None and len(load_trace(trace)) == 3
 
 
 def test_the_oldest_entries_go_past_max_entries(tmp_path: Path, cache: Path,

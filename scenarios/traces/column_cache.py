@@ -48,14 +48,18 @@ _ARRAYS = ("clock", "prompt", "output", "row")
 
 
 def cache_dir() -> Path | None:
-    """The directory entries live in, or None when SERVESIM_TRACE_CACHE is 0."""
+    """The directory entries live in, or None when SERVESIM_TRACE_CACHE is 0 or there is
+    no home directory to put it in."""
     if os.environ.get("SERVESIM_TRACE_CACHE", "1").strip() == "0":
         return None
     root = os.environ.get("SERVESIM_CACHE_DIR")
     if root:
         return Path(root) / "traces"
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
+    try:
+        base = Path(xdg) if xdg else Path.home() / ".cache"
+    except RuntimeError:  # no HOME and no password entry
+        return None
     return base / "servesim" / "traces"
 
 
