@@ -20,7 +20,7 @@ tests/test_fastpath.py checks both give the same records.
 from __future__ import annotations
 
 from bisect import insort
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from itertools import chain
 
 from sim.kv.block_pool import KVCacheManager
@@ -99,17 +99,53 @@ class DecodeGroup:
         owner promises the group runs in the step starting at ``now``); they are then
         counted in ``fresh``."""
         members = self.members
-        if len(members) == len(running):
+        start = len(members)
+        if start == len(running):
             return  # every running request is a member already (the usual case)
-        if members and self.last_end != now:
-            if not stalled:
-                return
-            while len(members) < len(running) and self.can_join(running[len(members)], now):
-                self.add(running[len(members)])
-                self.fresh += 1
+        pending = bool(members) and self.last_end != now
+        if pending and not stalled:
             return
-        while len(members) < len(running) and self.can_join(running[len(members)], now):
-            self.add(running[len(members)])
+        end, n = start, len(running)
+        while end < n:
+            r = running[end]  # can_join, inlined: a dissolved group re-forms over all of them
+            if not (r.num_output_tokens > 0 and r.last_token_time == now
+                    and r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1):
+                break
+            end += 1
+        if end == start:
+            return
+        if end - start == 1:
+            self.add(running[start])
+        else:
+            self._add_all(running[start:end])
+        if pending:
+            self.fresh += end - start
+
+    def _add_all(self, reqs: list[Request]) -> None:
+        """``add`` each of ``reqs`` in order, the heaps filled at once: the same entries,
+        and as every entry's join number is its own, the same order of popping."""
+        g, bs, j0 = self.steps, self._kv.block_size, self._joins
+        if not self.members:
+            self.last_end = reqs[0].last_token_time  # type: ignore[assignment]
+        self._joins = j0 + len(reqs)
+        base = self._base
+        finish, cross = [], []
+        ctx = 0
+        for j, r in enumerate(reqs, j0 + 1):
+            c, o = r.num_computed_tokens, r.num_output_tokens
+            base[r] = (g, c, o, j)
+            ctx += c + 1
+            finish.append((g + r.max_output_tokens - o, j, r))
+            cross.append((g + len(r.block_ids) * bs - c + 1, j, r))
+        self.members.extend(reqs)
+        self.ctx_sum += ctx
+        for heap, new in ((self._finish, finish), (self._cross, cross)):
+            if 8 * len(new) >= len(heap):
+                heap.extend(new)
+                heapify(heap)
+            else:
+                for e in new:
+                    heappush(heap, e)
 
     def materialize(self, req: Request) -> None:
         """Bring ``req``'s Request fields up to date."""
