@@ -155,7 +155,7 @@ def spec_from_entry(entry: Mapping[str, Any], where: str = "GPU spec") -> GPUSpe
         raise ValueError(f"{where}: not a number: {', '.join(bad)}")
     try:
         return _spec(entry, where)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:  # OverflowError: an infinite size
         raise ValueError(f"{where}: {e}") from None
 
 

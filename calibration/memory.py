@@ -122,7 +122,7 @@ def activation_peak_bytes(
     sharded N ways). Checks: Llama-3.1-8B bf16, T = 20,000 gives 2.06 GiB, T = 29,000 gives
     2.99 GiB, vLLM 0.6.4 measured 2.07 and 2.99 GiB (vllm#10517: peak_torch_memory 17.06 and
     17.98 GiB minus 14.99 GiB of weights); at T = 8,192 and S = 1,024 it gives 1.88 GiB and
-    vLLM 0.19.0 measured 1.89, Qwen3-30B-A3B 2.64 against 2.68 (llm-d-planner's H100 logs,
+    vLLM 0.19.0 measured 1.89, Qwen3-30B-A3B 2.69 against 2.68 (llm-d-planner's H100 logs,
     SAMPLER_FP32_BYTES_PER_LOGIT). Raises ValueError naming a non-positive argument.
     """
     if max_num_batched_tokens < 1:

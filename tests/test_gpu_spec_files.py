@@ -150,6 +150,13 @@ def test_an_invalid_figure_names_its_file(tmp_path: Path) -> None:
     path = write_spec(tmp_path, "lab.yml", gemm_efficiency=1.5)
     with pytest.raises(ValueError, match=re.escape(f"{path}: GPUSpec.gemm_efficiency")):
         get_gpu(str(path))
+    # An infinite size cannot be whole bytes: one line naming the file, no OverflowError.
+    for key in ("non_torch_gib", "tp_non_torch_gib", "memory_gib"):
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(YAML.replace("memory_gib: 80\n", "") + f"{key}: .inf\n"
+                        + ("memory_gib: 80\n" if key != "memory_gib" else ""))
+        with pytest.raises(ValueError, match=re.escape(f"{path}: ")):
+            get_gpu(str(path))
 
 
 def test_presets_carry_their_measured_gemm_efficiency_with_a_source() -> None:

@@ -1,6 +1,9 @@
 """servesim's KV-cache plan against public vLLM start-up logs (tests/data/
 vllm_startup_logs.json, tabulated in docs/fidelity.md): every logged block count within 5%,
-the RTX 4090 / vLLM 0.19 case within 2% (issue 19)."""
+the activation peak and non-torch memory where a log prints them, and the RTX 4090 / vLLM
+0.19 case within 2% (issue 19). That last one checks arithmetic, not a prediction: the
+rtx-4090 preset's non-torch memory is implied by that very log (calibration/data/gpus.json,
+non_torch_source)."""
 
 from __future__ import annotations
 

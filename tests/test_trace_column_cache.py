@@ -72,13 +72,19 @@ def test_same_size_and_time_with_other_bytes_is_parsed_again(tmp_path: Path,
     assert list(load_trace(trace).output_len) == [45, 109, 55]
 
 
+@pytest.mark.parametrize("damage", ["other bytes", "cut short", "a byte flipped"])
 def test_a_broken_entry_is_a_miss_and_is_written_again(tmp_path: Path, cache: Path,
-                                                       monkeypatch: pytest.MonkeyPatch
-                                                       ) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       damage: str) -> None:
+    # A cut or flipped zip makes np.load raise zipfile.BadZipFile, other bytes ValueError.
     trace = write_trace(tmp_path / "azure.csv")
     first = load_trace(trace)
     (entry,) = cache.glob("*.npz")
-    entry.write_bytes(b"not an npz")
+    whole = entry.read_bytes()
+    middle = len(whole) // 2
+    entry.write_bytes({"other bytes": b"not an npz", "cut short": whole[:middle],
+                       "a byte flipped": whole[:middle] + bytes([whole[middle] ^ 0xFF])
+                       + whole[middle + 1:]}[damage])
     assert load_trace(trace) == first
     no_pandas_parse(monkeypatch)
     assert load_trace(trace) == first
@@ -140,3 +146,28 @@ def test_a_later_process_does_not_import_pandas(tmp_path: Path, cache: Path) -> 
                            capture_output=True, text=True, check=True).stdout.split()
             for _ in range(2)]
     assert runs == [["3", "True"], ["3", "False"]]
+
+
+def test_another_reader_or_pandas_parses_again(tmp_path: Path, cache: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # An upgrade that changes the reader's code or pandas' version must not be served
+    # columns parsed by the old one.
+    trace = write_trace(tmp_path / "azure.csv")
+    load_trace(trace)
+    version = column_cache._reader_version()
+    assert len(version) == 64 and version == column_cache._reader_version()
+    monkeypatch.setattr(column_cache, "_reader_version", lambda: "another reader")
+    no_pandas_parse(monkeypatch)
+    with pytest.raises(AssertionError, match="parsed again"):
+        load_trace(trace)
+
+
+def test_entries_past_max_bytes_go_but_the_newest_stays(tmp_path: Path, cache: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    monkeypatch.setattr(column_cache, "MAX_BYTES", 1)  # smaller than any entry
+    for i in range(3):
+        load_trace(write_trace(tmp_path / f"t{i}.csv"))
+        assert len(list(cache.glob("*.npz"))) == 1  # only the one just written
+    no_pandas_parse(monkeypatch)
+    load_trace(tmp_path / "t2.csv")

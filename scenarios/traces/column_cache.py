@@ -5,11 +5,13 @@ for a file of millions of rows).
 Owns the cache's place, its key and its file format. An entry is the Columns the bulk
 reader (bulk.py) made of one whole file, keyed by the file's absolute path, size,
 modification time (ns) and a SHA-256 of its first and last FINGERPRINT_BYTES, the format's
-definition and the filters: a file rewritten in place is parsed again. Entries are .npz
+definition and the filters, and the reader itself (a SHA-256 of READER_MODULES' source and
+pandas' version): a file rewritten in place, or a servesim or pandas that parses it
+otherwise, parses it again. Entries are .npz
 files without pickles, each holding the key it was made for; an entry whose key differs,
 or that cannot be read, is a miss. An entry is written to a temporary file and renamed
 into place, so that another process reads a whole entry or none. At most MAX_ENTRIES are
-kept, the least recently written dropped first.
+kept, and at most MAX_BYTES of them, the least recently written dropped first.
 
 Where: $SERVESIM_CACHE_DIR/traces, else $XDG_CACHE_HOME/servesim/traces, else
 ~/.cache/servesim/traces; SERVESIM_TRACE_CACHE=0 turns the cache off. A cache that cannot
@@ -26,6 +28,7 @@ import json
 import os
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,12 @@ FINGERPRINT_BYTES = 1 << 20
 
 MAX_ENTRIES = 16
 """Entries kept; writing one more removes the least recently written."""
+
+MAX_BYTES = 2 * 2**30
+"""Bytes of entries kept (about 32 a row: 60 million rows); past it the oldest go."""
+
+READER_MODULES = ("bulk.py", "column_cache.py", "formats.py", "timestamps.py")
+"""The modules of scenarios/traces whose code decides an entry's columns."""
 
 STALE_TEMP_S = 3600.0
 """A temporary file this old (s) is a killed writer's, removed when an entry is written."""
@@ -80,6 +89,7 @@ def file_key(path: Path, spec: CsvFormat, filters: dict[str, str]) -> str | None
         return None
     return json.dumps({
         "version": FORMAT_VERSION,
+        "reader": _reader_version(),
         "path": str(path.absolute()),
         "size_bytes": st.st_size,
         "mtime_ns": st.st_mtime_ns,
@@ -87,6 +97,20 @@ def file_key(path: Path, spec: CsvFormat, filters: dict[str, str]) -> str | None
         "format": dataclasses.asdict(spec),
         "filters": sorted(filters.items()),
     }, sort_keys=True)
+
+
+def _reader_version() -> str:
+    """A SHA-256 of READER_MODULES' source and pandas' installed version (read from its
+    metadata: pandas is not imported)."""
+    from importlib import metadata
+
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in READER_MODULES:
+        digest.update((here / name).read_bytes())
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        digest.update(metadata.version("pandas").encode())
+    return digest.hexdigest()
 
 
 def _entry(directory: Path, key: str) -> Path:
@@ -106,7 +130,7 @@ def load(key: str | None) -> Columns | None:
             arrays = {name: np.array(data[name]) for name in _ARRAYS}
             return Columns(**arrays, failed=int(data["failed"]),
                            filtered=int(data["filtered"]))
-    except (OSError, ValueError, KeyError, EOFError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
 
 
@@ -136,19 +160,22 @@ def store(key: str | None, cols: Columns) -> None:
 
 
 def _trim(directory: Path) -> None:
-    """Remove the entries past MAX_ENTRIES (oldest first) and temporary files older than
-    STALE_TEMP_S."""
+    """Remove the entries past MAX_ENTRIES or MAX_BYTES (oldest first; the newest stays
+    whatever its size) and temporary files older than STALE_TEMP_S."""
     now = time.time()
     entries = []
     for p in directory.glob("*.npz"):
         with contextlib.suppress(OSError):
-            mtime = p.stat().st_mtime
+            st = p.stat()
             if p.name.startswith(".tmp-"):
-                if now - mtime > STALE_TEMP_S:
+                if now - st.st_mtime > STALE_TEMP_S:
                     p.unlink()
             else:
-                entries.append((mtime, p))
-    entries.sort()
-    for _, p in entries[:max(len(entries) - MAX_ENTRIES, 0)]:
-        with contextlib.suppress(OSError):
-            p.unlink()
+                entries.append((st.st_mtime_ns, st.st_size, p))
+    entries.sort(reverse=True)  # newest first
+    kept_bytes = 0
+    for i, (_, size, p) in enumerate(entries):
+        kept_bytes += size
+        if i >= MAX_ENTRIES or (i and kept_bytes > MAX_BYTES):
+            with contextlib.suppress(OSError):
+                p.unlink()
