@@ -20,6 +20,7 @@ tests/test_fastpath.py checks both give the same records.
 from __future__ import annotations
 
 from bisect import insort
+from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
 from itertools import chain
 
@@ -75,55 +76,11 @@ class DecodeGroup:
         return (req.num_output_tokens > 0 and req.last_token_time == now
                 and req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens == 1)
 
-    def add(self, req: Request) -> None:
-        """Append ``req`` (it must satisfy can_join for the coming step)."""
-        g, c, o = self.steps, req.num_computed_tokens, req.num_output_tokens
-        if not self.members:
-            self.last_end = req.last_token_time  # type: ignore[assignment]
-        self._joins += 1
-        j = self._joins
-        self._base[req] = (g, c, o, j)
-        self.members.append(req)
-        self.ctx_sum += c + 1
-        heappush(self._finish, (g + req.max_output_tokens - o, j, req))
-        bs = self._kv.block_size
-        heappush(self._cross, (g + len(req.block_ids) * bs - c + 1, j, req))
-
-    def _live(self, entry: tuple[int, int, Request]) -> bool:
-        b = self._base.get(entry[2])
-        return b is not None and b[3] == entry[1]
-
-    def grow(self, running: list[Request], now: float, stalled: bool = False) -> None:
-        """Absorb the requests after the group's end of ``running`` that can join for a
-        step starting at ``now``. While a stall is pending, only with ``stalled`` (the
-        owner promises the group runs in the step starting at ``now``); they are then
-        counted in ``fresh``."""
-        members = self.members
-        start = len(members)
-        if start == len(running):
-            return  # every running request is a member already (the usual case)
-        pending = bool(members) and self.last_end != now
-        if pending and not stalled:
-            return
-        end, n = start, len(running)
-        while end < n:
-            r = running[end]  # can_join, inlined: a dissolved group re-forms over all of them
-            if not (r.num_output_tokens > 0 and r.last_token_time == now
-                    and r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1):
-                break
-            end += 1
-        if end == start:
-            return
-        if end - start == 1:
-            self.add(running[start])
-        else:
-            self._add_all(running[start:end])
-        if pending:
-            self.fresh += end - start
-
-    def _add_all(self, reqs: list[Request]) -> None:
-        """``add`` each of ``reqs`` in order, the heaps filled at once: the same entries,
-        and as every entry's join number is its own, the same order of popping."""
+    def add_all(self, reqs: Sequence[Request]) -> None:
+        """Append ``reqs`` in order (each must satisfy can_join for the coming step). Their
+        heap entries go in at once, heapified when they are many (a dissolved group
+        re-forms over every running request); each entry's join number is its own, so the
+        heaps pop in the same order however they were filled."""
         g, bs, j0 = self.steps, self._kv.block_size, self._joins
         if not self.members:
             self.last_end = reqs[0].last_token_time  # type: ignore[assignment]
@@ -146,6 +103,30 @@ class DecodeGroup:
             else:
                 for e in new:
                     heappush(heap, e)
+
+    def _live(self, entry: tuple[int, int, Request]) -> bool:
+        b = self._base.get(entry[2])
+        return b is not None and b[3] == entry[1]
+
+    def grow(self, running: list[Request], now: float, stalled: bool = False) -> None:
+        """Absorb the requests after the group's end of ``running`` that can join for a
+        step starting at ``now``. While a stall is pending, only with ``stalled`` (the
+        owner promises the group runs in the step starting at ``now``); they are then
+        counted in ``fresh``."""
+        members = self.members
+        start = len(members)
+        if start == len(running):
+            return  # every running request is a member already (the usual case)
+        pending = bool(members) and self.last_end != now
+        if pending and not stalled:
+            return
+        end, n, can_join = start, len(running), self.can_join
+        while end < n and can_join(running[end], now):
+            end += 1
+        if end > start:
+            self.add_all(running[start:end])
+            if pending:
+                self.fresh += end - start
 
     def materialize(self, req: Request) -> None:
         """Bring ``req``'s Request fields up to date."""
