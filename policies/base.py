@@ -292,9 +292,11 @@ class QueuePolicy:
     def group_step(self, now: float) -> tuple[int, int]:
         """Grow the decode group over the head of running, then give each member its one
         token for this step: their blocks are allocated here, first, as running order
-        wants. Returns (token budget left, running entries covered). When the budget or
-        the free blocks cannot cover every member the group dissolves and the step is
-        planned request by request (where vLLM's preemption rules apply)."""
+        wants. Returns (token budget left, running entries covered). When the budget
+        cannot cover every member the group dissolves, and when the free blocks cannot,
+        it keeps the members before the first left without a block
+        (DecodeGroup.allocate_step); the rest of the step is planned request by request,
+        where vLLM's preemption rules apply."""
         budget = self.config.max_num_batched_tokens
         group = self.decode_group
         if group is None:
@@ -303,9 +305,10 @@ class QueuePolicy:
         n = len(group)
         if not n:
             return budget, 0
-        if n > budget or group.allocate_for_steps(1, self.kv.num_free_blocks) is None:
+        if n > budget:
             group.dissolve()
             return budget, 0
+        n = group.allocate_step(self.kv.num_free_blocks)
         return budget - n, n
 
     def group_steady_decode(self, now: float) -> SteadyDecode | None:

@@ -208,10 +208,8 @@ class DecodeGroup:
             return self._allocate_long(first, end, due, num_free_blocks)
         # Each member crosses at most once in the window: the first crossers can take
         # their bucket places at once.
-        base, phase_of = self._base, self._phase
-        for s, _, r in due:
-            phase_of[r] = s % bs
-            insort(buckets[s % bs], r, key=lambda m: base[m][3])
+        self._place(due)
+        phase_of = self._phase
         i = first % bs
         if num_steps == 1:  # the step-by-step path's call, once per scheduled step
             window = [buckets[i]]
@@ -233,6 +231,56 @@ class DecodeGroup:
             self._kv.allocate_one_each(
                 window[0] if num_steps == 1 else list(chain.from_iterable(window)))
         return per_step
+
+    def _place(self, due: list[tuple[int, int, Request]]) -> None:
+        """Put first crossers into the bucket of their crossing step, in join order."""
+        base, bs = self._base, self._kv.block_size
+        for s, _, r in due:
+            self._phase[r] = s % bs
+            insort(self._buckets[s % bs], r, key=lambda m: base[m][3])
+
+    def allocate_step(self, num_free_blocks: int) -> int:
+        """The coming group step's blocks, members in running order while free blocks
+        last. Returns how many members keep their place in the step: all of them when
+        every block fits; else those before the first member left without one, the rest
+        taken out of the group (materialized) for the owner to plan one by one, the first
+        of them the member that found no block, where vLLM's preemption rules apply. The
+        blocks handed out are the ones the step-by-step path hands out before it meets
+        that member."""
+        first = self.steps + 1
+        self._place(self._due(first))
+        bucket = self._buckets[first % self._kv.block_size]
+        if len(bucket) <= num_free_blocks:
+            if bucket:
+                self._kv.allocate_one_each(bucket)
+            return len(self.members)
+        if num_free_blocks:
+            self._kv.allocate_one_each(bucket[:num_free_blocks])
+        keep = self.members.index(bucket[num_free_blocks])  # members are in join order
+        if keep == 0:
+            self.dissolve()
+        else:
+            self._truncate(keep)
+        return keep
+
+    def _truncate(self, keep: int) -> None:
+        """Take the members from index ``keep`` on out, materialized (``remove`` for each,
+        their buckets rebuilt once); their heap entries die lazily."""
+        gone = self.members[keep:]
+        del self.members[keep:]
+        base, phase_of = self._base, self._phase
+        phases = set()
+        for req in gone:
+            self.materialize(req)
+            if self.fresh and req.last_token_time != self.last_end:
+                self.fresh -= 1  # it joined while a stall was pending
+            phase = phase_of.pop(req, None)
+            if phase is not None:
+                phases.add(phase)
+            del base[req]
+            self.ctx_sum -= req.num_computed_tokens + 1
+        for phase in phases:
+            self._buckets[phase] = [m for m in self._buckets[phase] if m in base]
 
     def _allocate_long(self, first: int, end: int, due: list[tuple[int, int, Request]],
                        num_free_blocks: int) -> list[int] | None:
