@@ -141,15 +141,20 @@ class DecodeGroup:
     def remove(self, req: Request) -> None:
         """Take ``req`` out (materialized); it leaves its bucket at once, its heap
         entries die lazily."""
+        phase = self._forget(req)
+        if phase is not None:
+            self._buckets[phase].remove(req)
+        self.members.remove(req)
+
+    def _forget(self, req: Request) -> int | None:
+        """Materialize ``req`` and drop its lazy state; returns the bucket it sat in (the
+        caller takes it out of that bucket and of ``members``)."""
         self.materialize(req)
         if self.fresh and req.last_token_time != self.last_end:
             self.fresh -= 1  # it joined while a stall was pending
-        phase = self._phase.pop(req, None)
-        if phase is not None:
-            self._buckets[phase].remove(req)
         del self._base[req]
-        self.members.remove(req)
         self.ctx_sum -= req.num_computed_tokens + 1
+        return self._phase.pop(req, None)
 
     def dissolve(self) -> None:
         """Materialize every member and empty the group."""
@@ -194,8 +199,7 @@ class DecodeGroup:
         bs = self._kv.block_size
         buckets = self._buckets
         if num_steps == 1 and not (self._cross and self._cross[0][0] <= first):
-            # The step-by-step path's call, once per scheduled step, with no first
-            # crossing due: this step's bucket alone.
+            # One step with no first crossing due: this step's bucket alone.
             bucket = buckets[first % bs]
             if len(bucket) > num_free_blocks:
                 return None
@@ -211,7 +215,7 @@ class DecodeGroup:
         self._place(due)
         phase_of = self._phase
         i = first % bs
-        if num_steps == 1:  # the step-by-step path's call, once per scheduled step
+        if num_steps == 1:
             window = [buckets[i]]
             total = len(buckets[i])
             per_step = [total]
@@ -248,7 +252,8 @@ class DecodeGroup:
         blocks handed out are the ones the step-by-step path hands out before it meets
         that member."""
         first = self.steps + 1
-        self._place(self._due(first))
+        if self._cross and self._cross[0][0] <= first:  # a first crossing may be due
+            self._place(self._due(first))
         bucket = self._buckets[first % self._kv.block_size]
         if len(bucket) <= num_free_blocks:
             if bucket:
@@ -264,21 +269,12 @@ class DecodeGroup:
         return keep
 
     def _truncate(self, keep: int) -> None:
-        """Take the members from index ``keep`` on out, materialized (``remove`` for each,
-        their buckets rebuilt once); their heap entries die lazily."""
+        """Take the members from index ``keep`` on out (``remove`` for each, their buckets
+        rebuilt once rather than searched member by member)."""
         gone = self.members[keep:]
         del self.members[keep:]
-        base, phase_of = self._base, self._phase
-        phases = set()
-        for req in gone:
-            self.materialize(req)
-            if self.fresh and req.last_token_time != self.last_end:
-                self.fresh -= 1  # it joined while a stall was pending
-            phase = phase_of.pop(req, None)
-            if phase is not None:
-                phases.add(phase)
-            del base[req]
-            self.ctx_sum -= req.num_computed_tokens + 1
+        phases = {p for p in map(self._forget, gone) if p is not None}
+        base = self._base
         for phase in phases:
             self._buckets[phase] = [m for m in self._buckets[phase] if m in base]
 

@@ -74,7 +74,9 @@ def cache_dir() -> Path | None:
 
 def file_key(path: Path, spec: CsvFormat, filters: dict[str, str]) -> str | None:
     """The key of ``path`` parsed as ``spec`` with ``filters`` (a JSON string), or None
-    when the file cannot be read."""
+    when the cache is off (nothing is hashed then) or the file cannot be read."""
+    if cache_dir() is None:
+        return None
     try:
         st = path.stat()
         digest = hashlib.sha256()
