@@ -1,4 +1,4 @@
-"""The Policy protocol and the shared pieces every policy uses: the waiting queue, the
+"""The shared pieces every policy uses: the waiting queue, the
 running list, the swapped list, KV allocation (paged or reserve), preemption (recompute or
 swap, with the transfer time) and victim choice.
 
@@ -18,26 +18,20 @@ no engine knows; only the ``oracle-srpt`` queue does, and says so in its name).
 from __future__ import annotations
 
 from collections import deque
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar
+
+from mypy_extensions import mypyc_attr
 
 from policies.queues import LPMQueue, make_queue
 from sim.batch import BatchPlan, BatchShape, SteadyDecode
 from sim.config import SchedulerConfig
 from sim.decode_group import DecodeGroup
-from sim.interface import Scheduler
 from sim.kv.block_pool import KVCacheManager
 from sim.kv.prefix_cache import ComputedBlocks, PrefixCachingKV
 from sim.request import Request, RequestStatus
 
 
-@runtime_checkable
-class Policy(Scheduler, Protocol):
-    """What the engine calls (sim.interface.Scheduler), plus a name. See the module
-    docstring for the contract."""
-
-    name: ClassVar[str]
-
-
+@mypyc_attr(allow_interpreted_subclasses=True)
 class QueuePolicy:
     """Base for policies with a waiting queue, a running list and a swapped list (vLLM's
     shape). Subclasses write ``schedule``; the helpers below keep KV allocation mode and

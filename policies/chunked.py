@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import QueuePolicy
 from sim.batch import BatchPlan, BatchShape, ChunkedPrefill, LastChunkAdmission, SteadyDecode
 from sim.decode_group import DecodeGroup
@@ -33,6 +35,7 @@ from sim.kv.prefix_cache import ComputedBlocks
 from sim.request import Request
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ChunkedPolicy(QueuePolicy):
     """vLLM V1 chunked-prefill scheduling; see the module docstring for the rules."""
 

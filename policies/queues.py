@@ -92,7 +92,9 @@ class KeyedQueue:
     def push(self, req: Request) -> None:
         heapq.heappush(self._h, (self._k(req), req.index, req))
 
-    push_front = push
+    def push_front(self, req: Request) -> None:
+        """A preempted request goes back by its key, like any other."""
+        self.push(req)
 
     def peek(self) -> Request:
         return self._h[0][2]

@@ -9,13 +9,23 @@ import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import ClassVar, Protocol, runtime_checkable
 
-from policies.base import Policy
 from policies.chunked import ChunkedPolicy
 from policies.continuous import ContinuousPolicy
 from policies.static import StaticPolicy
 from sim.config import SchedulerConfig
+from sim.interface import Scheduler
 from sim.kv.block_pool import KVCacheManager
+
+
+@runtime_checkable
+class Policy(Scheduler, Protocol):
+    """What the engine calls (sim.interface.Scheduler), plus a name: the contract of
+    policies/base.py's module docstring. Checked here, where a user's class is loaded."""
+
+    name: ClassVar[str]
+
 
 POLICIES: dict[str, type] = {
     ChunkedPolicy.name: ChunkedPolicy,

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from sim.decode_group import DecodeGroup
-    from sim.request import Request
+from sim.decode_group import DecodeGroup
+from sim.request import Request
 
 
 @dataclass(slots=True, unsafe_hash=True)

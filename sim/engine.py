@@ -26,6 +26,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
+from mypy_extensions import mypyc_attr
 
 from sim.batch import BatchPlan, BatchShape, shape_of
 from sim.config import SchedulerConfig
@@ -68,6 +69,7 @@ WakeHook = Callable[[], "simpy.Event | None"]
 StepExecutor = Callable[[BatchPlan, BatchShape], float]
 
 
+@mypyc_attr(native_class=False)  # compiled, a native class cannot derive from RuntimeError
 class SchedulerStuck(RuntimeError):
     """The policy planned nothing while requests were waiting and nothing could change."""
 

@@ -18,7 +18,7 @@ from sim.config import SchedulerConfig
 from sim.request import Request
 from sim.simulate import SimResult, simulate
 from sim.source import RequestListArrivals
-from tests.conftest import make_requests
+from tests.conftest import make_requests, skip_spies_when_compiled
 
 
 class ContextCost:
@@ -325,6 +325,7 @@ def test_priority_victims_in_the_decode_group_match_step_by_step(
     step-by-step reference."""
     from policies.base import QueuePolicy
 
+    skip_spies_when_compiled("QueuePolicy.preempt")
     member_victims: list[str] = []
     preempt = QueuePolicy.preempt
 

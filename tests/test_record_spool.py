@@ -65,12 +65,12 @@ def test_run_command_streams_and_holds_only_what_is_pending(
     tables it could still give are empty at the end), and the files are the held run's."""
     recorders: list[Recorder] = []
 
-    class Watched(Recorder):
-        def __init__(self, sink: sim.metrics.RecordSink | None = None) -> None:
-            super().__init__(sink)
-            recorders.append(self)
+    def watched(sink: sim.metrics.RecordSink | None = None) -> Recorder:
+        rec = Recorder(sink)
+        recorders.append(rec)
+        return rec
 
-    monkeypatch.setattr("sim.simulate.Recorder", Watched)
+    monkeypatch.setattr("sim.simulate.Recorder", watched)
     monkeypatch.setattr(sim.metrics, "_PACK_ROWS", 5)
     res = CliRunner().invoke(app, ["run", "--num-requests", "120", "--out",
                                    str(tmp_path / "run")])

@@ -65,7 +65,7 @@ def test_example_policy_serves_the_longest_waiting_first() -> None:
      "other Scheduler methods, see policies/base.py); missing: schedule"),
     ("sim.engine:SchedulerStuck", "missing: add_request, schedule, on_step_end"),
     ("sim.config:SchedulerConfig", "'sim.config:SchedulerConfig' is not a policy class"),
-    ("policies.base:Policy", "'policies.base:Policy' is a protocol or abstract class"),
+    ("policies.registry:Policy", "'policies.registry:Policy' is a protocol or abstract class"),
     (":", "policy ':': expected module:Class"),
     ("policies.base:", "expected module:Class or path/to/file.py:Class with both parts"),
 ])

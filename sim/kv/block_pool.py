@@ -17,10 +17,9 @@ override allocate_up_to and free.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from mypy_extensions import mypyc_attr
 
-if TYPE_CHECKING:
-    from sim.request import Request
+from sim.request import Request
 
 
 def cdiv(a: int, b: int) -> int:
@@ -28,6 +27,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the prefix-caching pools
 class KVCacheManager:
     """Block pool of ``num_gpu_blocks`` blocks of ``block_size`` tokens.
 
