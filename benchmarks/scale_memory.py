@@ -4,8 +4,9 @@ memory figures of docs/performance.md.
 The scenario (issue 25's): Azure conversation lengths (../shared/traces/
 AzureLLMInferenceTrace_conv.csv) drawn with replacement (scenarios.Empirical), Poisson
 arrivals at 5 req/s, Llama-2-7B on an A100-80GB, chunked prefill, budget 512 tokens,
-max_num_seqs 128. Each size runs in a fresh process that builds the workload with the
-Python API and writes the run directory as ``servesim run`` does
+max_num_seqs 128. Each size runs in a fresh process of the installed servesim
+(benchmarks/installed_engine.py: ``pip install .`` for the compiled engine) that builds
+the workload with the Python API and writes the run directory as ``servesim run`` does
 (run_files.run_streamed); the child reports its own getrusage (user + system CPU
 seconds, ru_maxrss). ``--held`` also runs each size with every record held in memory
 (simulate_prepared + write_run, as before streaming) and says whether requests.csv,
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import resource
 import subprocess
 import sys
@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from installed_engine import describe, outside_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
@@ -63,7 +64,7 @@ def measure(n: int, out: Path, held: bool) -> tuple[float, float]:
     """(CPU seconds, peak RSS MiB) of one child run."""
     args = [sys.executable, __file__, "--child", str(n), "--out", str(out)]
     proc = subprocess.run([*args, *(["--held"] if held else [])], capture_output=True,
-                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          text=True, cwd=outside_checkout())
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"run of {n:,} failed: {proc.stderr.strip()[-600:]}")
@@ -88,6 +89,7 @@ def main() -> None:
         return
     if not TRACE.is_file():
         raise SystemExit(f"{TRACE} not found: the shared traces must be beside the repo")
+    print(describe())
     print(f"{'requests':>12} {'mode':>9} {'CPU-s':>8} {'peak RSS MiB':>13}  files")
     for n in (int(x) for x in opts.sizes.split(",")):
         with tempfile.TemporaryDirectory(dir=ROOT.parent) as tmp:

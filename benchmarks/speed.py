@@ -11,7 +11,8 @@ Scenarios (run from the repo root; the traces live in ../shared/traces):
 
     python benchmarks/speed.py [--only a-chunked,a-continuous,b-conv,c-100k,d-1m] [--repeat N]
 
-Each scenario runs `servesim run` in a fresh process (`/usr/bin/time`-style figures from
+Each scenario runs the installed servesim's `servesim run` (benchmarks/installed_engine.py:
+`pip install .` for the compiled engine) in a fresh process (`/usr/bin/time`-style figures from
 resource.getrusage of the child); no assertion is made: these are figures, not tests.
 """
 
@@ -26,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # the tree measured: sim/ is imported from here
+from installed_engine import describe, outside_checkout
+
 TRACE = str(Path(__file__).resolve().parents[1].parent / "shared" / "traces"
             / "AzureLLMInferenceTrace_conv.csv")
 MATCH = ["--trace", TRACE, "--arrival", "poisson", "--rate", "5", "--num-requests", "10000",
@@ -51,7 +53,7 @@ def run_one(args: list[str]) -> dict[str, float]:
                 "file=sys.stderr)")
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", code, *args, "--out", tmp],
-                              capture_output=True, text=True, cwd=ROOT,
+                              capture_output=True, text=True, cwd=outside_checkout(),
                               env={**os.environ, "COLUMNS": "120"})
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or not (Path(tmp) / "summary.json").exists():
@@ -78,6 +80,7 @@ def main() -> None:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         ap.error(f"--only: unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    print(describe())
     print(f"{'scenario':14} {'requests':>10} {'steps':>11} {'wall s':>8} {'steps/s':>10} "
           f"{'req/s':>9} {'RSS MB':>7}  reference")
     results = {}
