@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.kv.block_pool import KVCacheManager, cdiv
 from sim.kv.prefix_content import prefix_spans
@@ -110,6 +111,7 @@ def cache_summary(kvs: Sequence[KVCacheManager], block_size: int) -> dict[str, A
     return prefix_cache_summary(caches[0].mode, total, block_size)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the radix cache
 class PrefixCachingKV(KVCacheManager):
     """What both cache modes share: the block index (sim/kv/prefix_index.py), reference
     counts (a numpy array, so a chunk's blocks are counted in one operation), how many of

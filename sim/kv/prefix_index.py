@@ -27,14 +27,11 @@ compaction count (``epoch``) they belong to.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.kv.second_copies import SecondCopies
-
-if TYPE_CHECKING:
-    from sim.request import Request
+from sim.request import Request
 
 #: A request's spans, flat: segment chain, first block, end block, chain, ...; see
 #: sim/kv/prefix_content.py.
@@ -265,11 +262,11 @@ class PrefixIndex:
         need = top + n
         self.arena = np.zeros(max(2 * need, need + (1 << 20)), np.int64)
         if copies:  # every kept extent's slots in one copy
-            dst, src, end = np.array(copies, np.int64).T
-            size = end - src
-            skip = np.repeat(dst - (np.cumsum(size) - size), size)
+            dsts, srcs, ends = np.array(copies, np.int64).T
+            size = ends - srcs
+            skip = np.repeat(dsts - (np.cumsum(size) - size), size)
             idx = np.arange(int(size.sum()), dtype=np.int64) + skip
-            self.arena[idx] = arena[idx - np.repeat(dst - src, size)]
+            self.arena[idx] = arena[idx - np.repeat(dsts - srcs, size)]
         old_key = key.copy() if self.dups else key
         key[cached] = pos + shift[ext]
         self.dups.renumber(old_key, key)
