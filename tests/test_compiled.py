@@ -26,10 +26,18 @@ from tests.conftest import ENGINE_COMPILED
 ROOT = Path(__file__).resolve().parents[1]
 INNER = "SERVESIM_COMPILED_SUITE"  # set in the run this test starts
 
-#: Not copied: version control, virtual environments, build and cache folders.
-_IGNORED = shutil.ignore_patterns(".git", ".venv", ".ci-venv", "build", "__pycache__",
+#: Not copied: version control, virtual environments, build and cache folders, and the
+#: top level's run outputs (runs/ and out/; sim/app/runs is source).
+_SKIPPED = shutil.ignore_patterns(".git", ".venv", ".ci-venv", "build", "__pycache__",
                                   "*.egg-info", "*.so", ".hypothesis", ".pytest_cache",
-                                  ".ruff_cache", ".mypy_cache", "runs", "out")
+                                  ".ruff_cache", ".mypy_cache")
+
+
+def _ignored(folder: str, names: list[str]) -> set[str]:
+    skipped = set(_SKIPPED(folder, names))
+    if Path(folder) == ROOT:
+        skipped |= {"runs", "out"} & set(names)
+    return skipped
 
 
 def _compiled_modules() -> list[str]:
@@ -57,7 +65,7 @@ def test_the_suite_passes_on_the_compiled_engine(tmp_path: Path) -> None:
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) to build the compiled engine")
     copy = tmp_path / "servesim"
-    shutil.copytree(ROOT, copy, ignore=_IGNORED, symlinks=True)
+    shutil.copytree(ROOT, copy, ignore=_ignored, symlinks=True)
     shared = ROOT.parent / "shared"
     if shared.exists():  # the traces and recorded vLLM schedules the suite reads
         (tmp_path / "shared").symlink_to(shared)
