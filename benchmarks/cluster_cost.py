@@ -5,7 +5,8 @@ engine steps each simulated and the CPU ratio (cluster / one engine).
 The target (issue "a week of traffic", acceptance): 8 replicas at 8x the rate under 1.5x
 the CPU of one engine over about the same total steps. Only the simulation is timed
 (time.process_time around simulate_prepared, best of --repeat); building the workload
-and writing outputs are not. No assertion is made: these are figures, not tests.
+and writing outputs are not. No assertion is made: these are figures, not tests. The
+installed servesim is measured (benchmarks/installed_engine.py).
 
     python benchmarks/cluster_cost.py [--replicas 8] [--routers round-robin,least-outstanding]
         [--num-requests N] [--repeat R]
@@ -20,10 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from installed_engine import describe
 
-from sim.app.runs.runner import Prepared, RunConfig, prepare, simulate_prepared  # noqa: E402
+from sim.app.runs.runner import Prepared, RunConfig, prepare, simulate_prepared
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 TARGET = 1.5  # the target: a cluster's CPU at most this many times one engine's
@@ -52,6 +54,7 @@ def main() -> None:
         sys.exit(f"{TRACE} not found: the public traces live in ../shared/traces")
     one = prepare(RunConfig(trace=str(TRACE), num_requests=args.num_requests))
     n = args.replicas
+    print(describe())
     print(f"workload: {len(one.workload):,} requests; best of {args.repeat}")
     base_cpu, base_steps = cpu_seconds(one, args.repeat)
     print(f"{'run':<38} {'CPU s':>7} {'steps':>9} {'steps/CPU s':>11} {'CPU ratio':>9}")

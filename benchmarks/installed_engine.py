@@ -1,8 +1,10 @@
-"""Which servesim a benchmark measures: the installed one, as a user runs it. A regular
-install (``pip install .``) runs the compiled engine core (setup.py); an editable one
-(``pip install -e .``) runs the checkout's source. Benchmarks start their child
-processes outside the checkout (``outside_checkout``), so that its source folders do
-not shadow the installed package, and print ``describe()`` above their figures."""
+"""Which servesim a speed benchmark (speed.py, scale_memory.py, cluster_cost.py)
+measures: the installed one, as a user runs it. A regular install (``pip install .``)
+runs the compiled engine core (setup.py); an editable one (``pip install -e .``) runs the
+checkout's source. They start their child processes outside the checkout
+(``outside_checkout``), so that its source folders do not shadow the installed package,
+and print ``describe()`` above their figures. (count_instructions.py and
+prefix_cache_speed.py put the checkout first on the path: they time its source.)"""
 
 from __future__ import annotations
 
