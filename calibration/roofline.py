@@ -163,6 +163,15 @@ class RooflineCostModel:
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
+    def __reduce__(self) -> tuple[type[RooflineCostModel], tuple[object, ...]]:
+        """Pickled as its arguments and rebuilt by __init__ (the derived constants are
+        recomputed, the same numbers): a frozen class compiled by mypyc (setup.py) cannot
+        have its fields set one by one, as the default unpickling does. Sweeps and
+        window replays send cost models to worker processes."""
+        return (type(self), (self.model, self.gpu, self.dtype, self.compute_efficiency,
+                             self.memory_efficiency, self.step_overhead_s,
+                             self.tensor_parallel_size, self.per_seq_overhead_s))
+
     def _validate(self) -> None:
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")

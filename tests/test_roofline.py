@@ -308,3 +308,25 @@ def test_fp8_weights_run_linear_layers_at_the_fp8_peak_and_read_half_the_bytes()
     assert bare("llama-3.1-8b", "a100-80gb").step_time(big) == pytest.approx(
         RooflineCostModel(fp8, a100, step_overhead_s=0.0, per_seq_overhead_s=0.0)
         .step_time(big), rel=1e-3)
+
+
+@pytest.mark.parametrize("model, gpu, kwargs", [
+    ("llama-3.1-8b", "h100-sxm", {}),
+    ("mixtral-8x7b", "h200-sxm", {"tensor_parallel_size": 2, "compute_efficiency": 0.5}),
+    ("llama-2-7b", "a100-80gb", {"dtype": "fp32", "step_overhead_s": 0.0}),
+])
+def test_pickled_and_rebuilt_it_prices_every_step_the_same(
+        model: str, gpu: str, kwargs: dict[str, object]) -> None:
+    """Sweeps and window replays send the cost model to worker processes: unpickled, it
+    is the same model (the compiled engine's frozen class is rebuilt from its arguments)
+    and its step times are the same floats."""
+    import pickle
+
+    cm = RooflineCostModel(get_model(model), get_gpu(gpu), **kwargs)  # type: ignore[arg-type]
+    back = pickle.loads(pickle.dumps(cm))
+    assert back == cm and type(back) is RooflineCostModel
+    decode = BatchShape(0, 0, 0, 0, 37, 37 * 900, 37)
+    for shape in (prefill(512, 1000), decode, prefill(1), BatchShape()):
+        assert back.step_time(shape) == cm.step_time(shape)
+    assert back.decode_run_times(37, 37, 37 * 900, 37, 5, 0.0, float("inf")) \
+        == cm.decode_run_times(37, 37, 37 * 900, 37, 5, 0.0, float("inf"))
