@@ -81,7 +81,7 @@ def _extensions() -> list:
         from mypyc.build import mypycify
 
         return mypycify(COMPILED, opt_level="3")
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # mypyc missing, or exiting on a type error
         print(f"warning: mypyc could not compile servesim's engine ({e}); installing "
               "the pure-Python engine", file=sys.stderr)
         return []
