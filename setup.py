@@ -1,5 +1,5 @@
 """servesim's engine core compiled with mypyc: the same Python source, built as C
-extensions where a C compiler is present (about 2.3 times as fast a simulation, with
+extensions where a C compiler is present (about twice as fast a simulation, with
 byte-identical outputs: docs/performance.md, Compiled engine). Everything else about the
 package is in pyproject.toml; this file only adds the extensions.
 
@@ -9,8 +9,8 @@ Not compiled, so the source is what runs:
 - a machine where the build fails (no C compiler, no Python headers): a warning, then the
   pure-Python package, which gives the same results.
 
-COMPILED lists the modules; tests/test_compiled.py builds them and checks the compiled
-engine against the source on recorded runs.
+COMPILED lists the modules; tests/test_compiled.py builds them in a copy of the project
+and runs the whole test suite there.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import sys
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-#: The engine core's hot path, module files relative to this folder. Every class in
-#: them is a native class: no attributes outside those declared, no monkeypatching, and
-#: a subclass written in Python only where the class allows it (mypyc_attr).
+#: The simulation's hot path (the engine core, the queue policies, the roofline), module
+#: files relative to this folder. Every class in them is a native class: no attributes
+#: outside those declared, no monkeypatching, and a subclass written in Python only where
+#: the class allows it (mypyc_attr).
 COMPILED = [
     "sim/engine.py",
     "sim/fastpath.py",
