@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from calibration.gpus import GPUSpec
 from calibration.specs import DTYPE_BYTES, ModelSpec
@@ -168,9 +168,7 @@ class RooflineCostModel:
         recomputed, the same numbers): a frozen class compiled by mypyc (setup.py) cannot
         have its fields set one by one, as the default unpickling does. Sweeps and
         window replays send cost models to worker processes."""
-        return (type(self), (self.model, self.gpu, self.dtype, self.compute_efficiency,
-                             self.memory_efficiency, self.step_overhead_s,
-                             self.tensor_parallel_size, self.per_seq_overhead_s))
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init))
 
     def _validate(self) -> None:
         if self.dtype not in DTYPE_BYTES:

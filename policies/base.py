@@ -1,6 +1,6 @@
-"""The shared pieces every policy uses: the waiting queue, the
-running list, the swapped list, KV allocation (paged or reserve), preemption (recompute or
-swap, with the transfer time) and victim choice.
+"""The shared pieces every policy uses: the waiting queue, the running list, the swapped
+list, KV allocation (paged or reserve), preemption (recompute or swap, with the transfer
+time) and victim choice.
 
 A policy is built as ``PolicyClass(config: SchedulerConfig, kv: KVCacheManager)`` and the
 engine calls: ``add_request`` at arrival, ``schedule(now) -> BatchPlan`` before each step,
