@@ -21,10 +21,10 @@ import sys
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-#: The simulation's hot path (the engine core, the queue policies, the roofline), module
-#: files relative to this folder. Every class in them is a native class: no attributes
-#: outside those declared, no monkeypatching, and a subclass written in Python only where
-#: the class allows it (mypyc_attr).
+#: The simulation's hot path (the engine core, the cluster's dispatcher, the queue
+#: policies, the roofline), module files relative to this folder. Every class in them is
+#: a native class: no attributes outside those declared, no monkeypatching, and a
+#: subclass written in Python only where the class allows it (mypyc_attr).
 COMPILED = [
     "sim/engine.py",
     "sim/fastpath.py",
@@ -34,6 +34,7 @@ COMPILED = [
     "sim/request.py",
     "sim/batch.py",
     "sim/metrics.py",
+    "sim/cluster.py",
     "sim/kv/block_pool.py",
     "sim/kv/prefix_cache.py",
     "sim/kv/block_cache.py",
@@ -63,7 +64,8 @@ class OptionalBuildExt(build_ext):
     def build_extensions(self) -> None:
         if self.compiler.compiler_type == "unix":
             for ext in self.extensions:
-                ext.extra_compile_args.append("-ffp-contract=off")
+                if "-ffp-contract=off" not in ext.extra_compile_args:  # a list they may share
+                    ext.extra_compile_args.append("-ffp-contract=off")
         try:
             super().build_extensions()
         except Exception as e:

@@ -4,9 +4,12 @@ engine steps each simulated and the CPU ratio (cluster / one engine).
 
 The target (issue "a week of traffic", acceptance): 8 replicas at 8x the rate under 1.5x
 the CPU of one engine over about the same total steps. Only the simulation is timed
-(time.process_time around simulate_prepared, best of --repeat); building the workload
-and writing outputs are not. No assertion is made: these are figures, not tests. The
-installed servesim is measured (benchmarks/installed_engine.py).
+(time.process_time around simulate_prepared, which includes merging the replicas'
+records and summaries); building the workload and writing outputs are not. The runs
+are interleaved (one engine, then each cluster, --repeat times) and each figure is its
+best, so a machine that slows down for a while slows every configuration alike. No
+assertion is made: these are figures, not tests. The installed servesim is measured
+(benchmarks/installed_engine.py).
 
     python benchmarks/cluster_cost.py [--replicas 8] [--routers round-robin,least-outstanding]
         [--num-requests N] [--repeat R]
@@ -31,16 +34,12 @@ TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 TARGET = 1.5  # the target: a cluster's CPU at most this many times one engine's
 
 
-def cpu_seconds(prep: Prepared, repeat: int) -> tuple[float, int]:
-    """Best CPU seconds of ``repeat`` simulations of ``prep``, and its engine steps."""
-    best, steps = float("inf"), 0
-    for _ in range(repeat):
-        gc.collect()
-        t0 = time.process_time()
-        result = simulate_prepared(prep)
-        best = min(best, time.process_time() - t0)
-        steps = len(result.steps["start_time"])
-    return best, steps
+def cpu_seconds(prep: Prepared) -> tuple[float, int]:
+    """CPU seconds of one simulation of ``prep``, and its engine steps."""
+    gc.collect()
+    t0 = time.process_time()
+    result = simulate_prepared(prep)
+    return time.process_time() - t0, len(result.steps["start_time"])
 
 
 def main() -> None:
@@ -48,7 +47,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--routers", default="round-robin,least-outstanding")
     ap.add_argument("--num-requests", type=int, default=None, help="default: the whole trace")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     if not TRACE.exists():
         sys.exit(f"{TRACE} not found: the public traces live in ../shared/traces")
@@ -56,16 +55,19 @@ def main() -> None:
     n = args.replicas
     print(describe())
     print(f"workload: {len(one.workload):,} requests; best of {args.repeat}")
-    base_cpu, base_steps = cpu_seconds(one, args.repeat)
-    print(f"{'run':<38} {'CPU s':>7} {'steps':>9} {'steps/CPU s':>11} {'CPU ratio':>9}")
-    print(f"{'1 engine':<38} {base_cpu:7.2f} {base_steps:9,} "
-          f"{base_steps / base_cpu:11,.0f} {1.0:9.2f}")
+    runs = {"1 engine": one}
     for router in args.routers.split(","):
         cfg = dataclasses.replace(one.config, replicas=n, router=router, time_scale=float(n))
-        cpu, steps = cpu_seconds(prepare(cfg), args.repeat)
-        label = f"{n} replicas {router} x{n} rate"
-        print(f"{label:<38} {cpu:7.2f} {steps:9,} {steps / cpu:11,.0f} "
-              f"{cpu / base_cpu:9.2f}")
+        runs[f"{n} replicas {router} x{n} rate"] = prepare(cfg)
+    best = {label: (float("inf"), 0) for label in runs}
+    for _ in range(args.repeat):
+        for label, prep in runs.items():
+            cpu, steps = cpu_seconds(prep)
+            best[label] = (min(best[label][0], cpu), steps)
+    base_cpu = best["1 engine"][0]
+    print(f"{'run':<38} {'CPU s':>7} {'steps':>9} {'steps/CPU s':>11} {'CPU ratio':>9}")
+    for label, (cpu, steps) in best.items():
+        print(f"{label:<38} {cpu:7.2f} {steps:9,} {steps / cpu:11,.0f} {cpu / base_cpu:9.2f}")
     print(f"target: a cluster under {TARGET}x one engine's CPU over about the same steps")
 
 

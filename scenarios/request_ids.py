@@ -99,7 +99,8 @@ class RequestIds(Sequence[str]):
             rows = self._rows
             if len(rows) < 2 or bool(np.all(rows[1:] > rows[:-1])):
                 return True  # increasing: the common case, checked without a sort
-            return len(np.unique(rows)) == len(rows)
+            ordered = np.sort(rows)  # (np.unique would import numpy.ma: 0.05 s)
+            return bool(np.all(ordered[1:] != ordered[:-1]))
         return len(set(self._names or ())) == len(self)
 
     def __eq__(self, other: object) -> bool:

@@ -21,9 +21,10 @@ way: a release schedules the user's next request in the source, and the dispatch
 told to set its timer.
 
 A state-free router (``sim.interface.StateFreeRouter``: its choice reads no replica's
-state) is asked ahead, as an engine plans a run, for open-loop arrivals; each request
-still reaches its replica at its arrival time, and a replica's runs stop only before the
-arrivals routed to it.
+state) is asked ahead, in arrival order, whenever an engine looks for its next arrival,
+for open-loop arrivals. Each replica then pulls its own requests at their arrival times
+as one engine pulls from its source: the dispatcher keeps no timer, an idle engine waits
+for its own next arrival, and a replica's runs stop only before the arrivals routed to it.
 
 With ``--prefix-cache`` each replica has its own cache; the summary's ``prefix_cache``
 sums their statistics, and each per-replica summary has its own.
@@ -87,11 +88,15 @@ class Replica:
 
     def kv_load(self) -> float:
         """(blocks in use + prompt blocks of requests not yet started) / usable blocks."""
+        self._drop_started()
+        used = self.kv.num_used_blocks + self.not_started_blocks
+        return used / max(self.kv.num_usable_blocks, 1)
+
+    def _drop_started(self) -> None:
+        """Forget the requests at the head of ``not_started`` that have started."""
         q = self.not_started
         while q and (q[0].first_scheduled_time is not None or q[0].is_finished):
             self.not_started_blocks -= self.kv.blocks_for(q.popleft().num_prompt_tokens)
-        used = self.kv.num_used_blocks + self.not_started_blocks
-        return used / max(self.kv.num_usable_blocks, 1)
 
     def prefix_hit_tokens(self, request: Request) -> int:
         """Tokens of ``request``'s prompt the prefix cache holds now (0 without one),
@@ -103,6 +108,9 @@ class Replica:
         """Take ``request`` into the inbox and the counters the router reads."""
         self.inbox.append(request)
         self.routed.append(request.index)
+        # Dropped as they start even when no router reads kv_load, so a long run does
+        # not hold every request it routed.
+        self._drop_started()
         self.not_started.append(request)
         self.not_started_blocks += self.kv.blocks_for(request.num_prompt_tokens)
 
@@ -131,8 +139,9 @@ class Inbox:
         self._replica = replica
 
     def next_arrival_time(self) -> float | None:
+        """The next arrival routed here: in the inbox, else routed ahead (Dispatcher)."""
         q = self._replica.inbox
-        return q[0].arrival_time if q else None
+        return q[0].arrival_time if q else self._dispatcher.next_arrival_ahead(self._replica)
 
     def next_routing_time(self) -> float | None:
         """The next routing instant that reads this replica's state (the dispatcher's
@@ -141,11 +150,10 @@ class Inbox:
 
     def next_routed_arrival_time(self) -> float | None:
         """The next arrival routed here, in the inbox or routed ahead (Dispatcher)."""
-        q = self._replica.inbox
-        return q[0].arrival_time if q else self._dispatcher.next_arrival_ahead(self._replica)
+        return self.next_arrival_time()
 
     def pop_arrived(self, now: float) -> list[Request]:
-        self._dispatcher.advance(now)
+        self._dispatcher.advance(now, self._replica)
         q = self._replica.inbox
         out: list[Request] = []
         while q and q[0].arrival_time <= now:
@@ -174,23 +182,18 @@ class Dispatcher:
         self.router = router
         self._timer_at: float | None = None
         self._closed = source if isinstance(source, ClosedLoopArrivals) else None
-        # A state-free router routes open-loop arrivals ahead of time (StateFreeRouter):
-        # (request, replica) in arrival order, each replica's arrival times among them.
+        # A state-free router routes open-loop arrivals ahead of time (StateFreeRouter),
+        # into one queue per replica that its engine pulls from.
         self._ahead = (self._closed is None and isinstance(router, StateFreeRouter)
                        and router.state_free is True and declares(router, "state_free"))
-        self._routed_ahead: deque[tuple[Request, int]] = deque()
-        self._ahead_times: list[deque[float]] = [deque() for _ in replicas]
+        self._ahead_queues: list[deque[Request]] = [deque() for _ in replicas]
 
     def exhausted(self) -> bool:
         """No request is left to route, now or later."""
         if self._closed is not None:
             return self._closed.exhausted()
-        return self._next_arrival() is None
-
-    def _next_arrival(self) -> float | None:
-        """Arrival time (s) of the next request no replica has received yet."""
-        ahead = self._routed_ahead
-        return ahead[0][0].arrival_time if ahead else self.source.next_arrival_time()
+        return (self.source.next_arrival_time() is None
+                and not any(self._ahead_queues))
 
     def next_routing_time(self) -> float | None:
         """The next routing instant at which the router reads the replicas' state: the
@@ -203,16 +206,20 @@ class Dispatcher:
         one or when none will come."""
         if not self._ahead:
             return None
-        times = self._ahead_times[rep.index]
-        while not times:
+        queue = self._ahead_queues[rep.index]
+        while not queue:
             nxt = self.source.next_arrival_time()
             if nxt is None:
                 return None
-            for req in self.source.pop_arrived(nxt):
-                i = self._choose(req, req.arrival_time)
-                self._routed_ahead.append((req, i))
-                self._ahead_times[i].append(req.arrival_time)
-        return times[0]
+            self._route_ahead(nxt)
+        return queue[0].arrival_time
+
+    def _route_ahead(self, until: float) -> None:
+        """Route every arrival up to ``until`` (s) ahead, in arrival order, each at its
+        arrival time."""
+        queues = self._ahead_queues
+        for req in self.source.pop_arrived(until):
+            queues[self._choose(req, req.arrival_time)].append(req)
 
     def _choose(self, req: Request, now: float) -> int:
         i = self.router.choose(req, self.replicas, now)
@@ -221,17 +228,22 @@ class Dispatcher:
                              f"{req.request_id!r}; replicas are 0..{len(self.replicas) - 1}")
         return i
 
-    def advance(self, now: float) -> None:
-        """Hand every request that has arrived by ``now`` to its replica (routing it,
-        unless routed ahead); wake idle engines it reaches."""
-        reps, ahead = self.replicas, self._routed_ahead
-        while ahead and ahead[0][0].arrival_time <= now:
-            req, i = ahead.popleft()
-            self._ahead_times[i].popleft()
-            reps[i].receive(req)
-            self._wake(reps[i])
+    def advance(self, now: float, puller: Replica | None = None) -> None:
+        """Hand every request that has arrived by ``now`` to its replica, routing it, and
+        wake idle engines it reaches; with a state-free router, only ``puller``'s (the
+        replica whose engine pulls), routed ahead (module docstring)."""
+        if self._ahead:
+            if puller is not None:
+                nxt = self.source.next_arrival_time()
+                if nxt is not None and nxt <= now:
+                    self._route_ahead(now)
+                queue = self._ahead_queues[puller.index]
+                while queue and queue[0].arrival_time <= now:
+                    puller.receive(queue.popleft())
+            return
+        reps = self.replicas
         for req in self.source.pop_arrived(now):
-            i = self._choose(req, req.arrival_time if self._ahead else now)
+            i = self._choose(req, now)
             reps[i].receive(req)
             self._wake(reps[i])
         if self.exhausted():
@@ -241,8 +253,11 @@ class Dispatcher:
             self.set_timer()
 
     def set_timer(self) -> None:
-        """Make sure the dispatcher wakes at the next arrival time."""
-        nxt = self._next_arrival()
+        """Make sure the dispatcher wakes at the next arrival time (a state-free router's
+        replicas pull their own arrivals: no timer)."""
+        if self._ahead:
+            return
+        nxt = self.source.next_arrival_time()
         if nxt is None or (self._timer_at is not None and self._timer_at <= nxt):
             return
         self._timer_at = nxt
@@ -256,6 +271,9 @@ class Dispatcher:
     def wake_event(self, rep: Replica) -> simpy.Event | None:
         """The engine's wake hook: an event fired when ``rep`` gets a request, or None
         when none will come."""
+        if self._ahead:
+            # Its engine asks only once no arrival is routed here or left to route.
+            return None
         if self.exhausted() and not rep.inbox:
             return None
         if rep.waking is None:
@@ -291,7 +309,7 @@ def simulate_cluster(
     refuses the replicas or chooses none of them (Dispatcher), SchedulerStuck as one
     engine does.
     """
-    if int(num_replicas) != num_replicas or num_replicas < 1:
+    if not isinstance(num_replicas, int) or num_replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {num_replicas!r}")
     env = simpy.Environment()
     reps = [Replica(i, make_kv(config.prefix_cache, num_gpu_blocks, block_size), Recorder())
@@ -330,31 +348,41 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     kw: dict[str, Any] = {"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks,
                           "block_size": block_size, "slo_ttft_s": slo_ttft_s,
                           "slo_tpot_s": slo_tpot_s}
-    req_tables, step_tables, itls, per_replica = [], [], [], []
+    req_tables, step_tables, itls, sorted_itls, per_replica = [], [], [], [], []
     for rep in reps:
         req = rep.recorder.request_columns()
         steps = rep.recorder.step_columns()
         itl = rep.recorder.itl_samples()
+        # Sorted once here: the summaries' stable sort of a sorted multiset, and of the
+        # replicas' sorted ones one after another, is a merge, and ranks them as it would
+        # the recorded order.
+        itl_sorted = itl.sorted()
         per_replica.append({"replica": rep.index, "num_routed": len(rep.routed),
-                            **summarize(req, steps, itl, **kw),
+                            **summarize(req, steps, itl_sorted, **kw),
                             "prefix_cache": cache_summary([rep.kv], block_size)})
-        req_tables.append(_with_replica(req, rep.index))
-        step_tables.append(_with_replica(steps, rep.index))
+        req_tables.append(req)
+        step_tables.append(steps)
         itls.append(itl)
+        sorted_itls.append(itl_sorted)
+    routed = [len(next(iter(t.values()))) for t in req_tables]
+    stepped = [len(t["start_time"]) for t in step_tables]
     # Each replica's table is in ascending workload index; put the whole in that order.
     order = np.argsort(np.concatenate([np.sort(np.asarray(r.routed, dtype=np.int64))
                                        for r in reps]), kind="stable")
-    requests = {c: v[order] for c, v in concat_tables(req_tables).items()}
-    steps = concat_tables(step_tables)
-    by_start = np.lexsort((steps["replica"], steps["start_time"]))  # stable
-    steps = {c: v[by_start] for c, v in steps.items()}
-    itl_all = ItlSamples.concat(itls)
-    summary = summarize(requests, steps, itl_all, **kw)
+    requests = concat_tables(req_tables, order)
+    requests["replica"] = _replica_column(routed).take(order)
+    # Each replica's steps are in start-time order and the tables follow replica order,
+    # so a stable sort on start time breaks ties by replica (and merges sorted runs).
+    by_start = np.argsort(np.concatenate([t["start_time"] for t in step_tables]),
+                          kind="stable")
+    steps = concat_tables(step_tables, by_start)
+    steps["replica"] = _replica_column(stepped).take(by_start)
+    summary = summarize(requests, steps, ItlSamples.concat(sorted_itls), **kw)
     summary["prefix_cache"] = cache_summary([r.kv for r in reps], block_size)
     summary["replicas"] = per_replica
-    return SimResult(requests, steps, itl_all, summary)
+    return SimResult(requests, steps, ItlSamples.concat(itls), summary)
 
 
-def _with_replica(table: dict[str, np.ndarray], replica: int) -> dict[str, np.ndarray]:
-    n = len(next(iter(table.values())))
-    return {**table, "replica": np.full(n, replica, dtype=np.int64)}
+def _replica_column(sizes: list[int]) -> np.ndarray:
+    """Replica numbers (int64) of the rows of tables of ``sizes`` rows one after another."""
+    return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)

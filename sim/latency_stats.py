@@ -42,6 +42,12 @@ class ItlSamples:
     def __len__(self) -> int:
         return int(self.counts.sum())
 
+    def sorted(self) -> ItlSamples:
+        """The same multiset with its entries in ascending value, equal values in their
+        order here (a stable sort)."""
+        order = np.argsort(self.values_s, kind="stable")
+        return ItlSamples(self.values_s[order], self.counts[order])
+
     def expanded(self) -> np.ndarray:
         """Every sample, one by one (for tests and small runs)."""
         return np.repeat(self.values_s, self.counts)
@@ -63,15 +69,23 @@ def weighted_stats(samples: ItlSamples) -> dict[str, float | None]:
     n = int(c.sum())
     if n == 0:
         return {k: None for k in ("mean", "p50", "p90", "p95", "p99", "max")}
+    out: dict[str, float | None] = {"mean": weighted_mean(v, c, n)}
     order = np.argsort(v, kind="stable")
     v, c = v[order], c[order]
     ends = np.cumsum(c)  # rank r (0-based) holds v[searchsorted(ends, r, "right")]
-    out: dict[str, float | None] = {"mean": float(np.dot(v, c) / n)}
     for p in PERCENTILES:
         out[f"p{p}"] = _linear_percentile(
             lambda r: float(v[np.searchsorted(ends, r, side="right")]), n, p)
     out["max"] = float(v[-1])
     return out
+
+
+def weighted_mean(values_s: np.ndarray, counts: np.ndarray, n: int) -> float:
+    """sum(values_s * counts) / n (float64, counts int64, n their sum >= 1), the sum
+    exact before its one rounding (math.fsum of the float64 products): the same bits in
+    any order, chunk by chunk or whole, and on any machine. (np.dot would hand it to
+    BLAS, whose threads split the sum by the machine's core count and then spin.)"""
+    return math.fsum((values_s * counts).tolist()) / n
 
 
 def _linear_percentile(value_at: Callable[[int], float], n: int, p: float) -> float:

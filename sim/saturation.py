@@ -220,7 +220,8 @@ def _judge(q: _Queue, admitted: tuple[np.ndarray, np.ndarray]) -> tuple[bool, _W
     is judged by: the largest that saturated it, or else the largest of the run."""
     start, height = _episodes(q)
     large = np.flatnonzero(height >= MIN_GROWTH)
-    which = np.union1d(large, [int(np.argmax(height))])
+    # The distinct indices in order, without np.union1d (it imports numpy.ma: 0.05 s).
+    which = np.array(sorted({*large.tolist(), int(np.argmax(height))}), dtype=np.int64)
     w = _windows(q, start, height, which)
     arrivals = w.peak - w.start + 1
     cand = np.flatnonzero((w.growth >= MIN_GROWTH) & (w.growth > w.noise_floor)

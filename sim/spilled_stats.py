@@ -79,24 +79,30 @@ def spilled_itl_stats(step_s: ColumnFile, step_counts: ColumnFile,
     """weighted_stats of the ITL samples spilled as per-step gaps (s) with counts and
     irregular gaps (s), in that order (metrics.Recorder.itl_samples' order). Up to
     ITL_IN_MEMORY entries: read back and summarised by weighted_stats (identical
-    figures). Above: p50-p99 and max exact (selection passes), the mean a float64 sum of
-    per-chunk dot products (relative difference from weighted_stats' at most 2 n 2**-53,
-    n the entries: two orders of summing the same non-negative products)."""
+    figures). Above: p50-p99 and max exact (selection passes), and the mean too: the
+    exact sum of the same products, rounded once (latency_stats.weighted_mean), read chunk
+    by chunk."""
     if len(step_s) + len(irregular_s) <= ITL_IN_MEMORY:
         return weighted_stats(ItlSamples.concat([ItlSamples(step_s.read(), step_counts.read()),
                                                  ItlSamples.of(irregular_s.read())]))
     def parts() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return _itl_chunks(step_s, step_counts, irregular_s)
 
-    n, total, top = 0, [], -math.inf
-    for v, c in parts():
-        n += int(c.sum())
-        total.append(float(np.dot(v, c)))
-        top = max(top, float(v.max())) if len(v) else top
+    n, top = 0, -math.inf
+
+    def products() -> Iterator[float]:  # counting the samples and their max on the way
+        nonlocal n, top
+        for v, c in parts():
+            n += int(c.sum())
+            if len(v):
+                top = max(top, float(v.max()))
+            yield from (v * c).tolist()
+
+    total = math.fsum(products())
     if n == 0:
         return weighted_stats(ItlSamples.concat([]))  # every figure None
     at = _select(parts, sorted({r for p in PERCENTILES for r in _ranks(n, p)}))
-    out: dict[str, float | None] = {"mean": math.fsum(total) / n}
+    out: dict[str, float | None] = {"mean": total / n}
     for p in PERCENTILES:
         out[f"p{p}"] = _linear_percentile(lambda r: at[r], n, p)
     out["max"] = top

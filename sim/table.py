@@ -38,9 +38,14 @@ CHUNK_ROWS = 1 << 15
 _SPECIAL = (",", '"', "\n", "\r")
 
 
-def concat_tables(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Column tables with the same columns (at least one table), rows one after another."""
-    return {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}
+def concat_tables(tables: list[dict[str, np.ndarray]],
+                  order: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Column tables with the same columns (at least one table), rows one after another;
+    then, given ``order`` (int64 row numbers of that concatenation), those rows in that
+    order."""
+    if order is None:
+        return {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}
+    return {c: np.concatenate([t[c] for t in tables]).take(order) for c in tables[0]}
 
 
 def csv_fields(values: np.ndarray) -> list[str]:

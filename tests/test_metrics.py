@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.latency_stats import stats
+from sim.latency_stats import ItlSamples, stats, weighted_mean, weighted_stats
 from sim.metrics import Recorder, StepRow, summarize
 from sim.request import Request, RequestStatus
 
@@ -73,3 +73,22 @@ def test_stats_empty_and_percentiles() -> None:
     st = stats(np.arange(1, 101, dtype=float))
     assert st["p50"] == pytest.approx(50.5) and st["max"] == 100
     assert st["p99"] == pytest.approx(99.01)
+
+
+def test_weighted_itl_mean_is_an_exact_sum_in_any_order() -> None:
+    """The ITL mean sums the (value x count) products exactly before dividing: by hand,
+    1e16 + 1 + 1 is 10000000000000002 (a float64 sum left to right loses both ones), and
+    a permutation of the samples, or their sorted ItlSamples, gives the same bits."""
+    v = np.array([1e16, 1.0, 1.0])
+    c = np.array([1, 1, 1], dtype=np.int64)
+    assert (1e16 + 1.0) + 1.0 == 1e16
+    assert weighted_mean(v, c, 3) == 10000000000000002 / 3
+    rng = np.random.default_rng(7)
+    v = rng.exponential(0.02, 5_000)
+    c = rng.integers(1, 50, 5_000)
+    samples = ItlSamples(v, c)
+    perm = rng.permutation(5_000)
+    ref = weighted_stats(samples)
+    assert weighted_stats(ItlSamples(v[perm], c[perm])) == ref
+    assert weighted_stats(samples.sorted()) == ref
+    assert list(samples.sorted().values_s) == sorted(v)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.latency_stats import ItlSamples, stats, weighted_stats
+from sim.latency_stats import ItlSamples, stats, weighted_mean, weighted_stats
 from sim.request import RequestStatus
 from sim.table import Table, column
 
@@ -123,8 +123,8 @@ def _itl_ms(itl: ItlSamples) -> dict[str, float]:
     if n == 0:
         return _zeros()
     s = weighted_stats(ItlSamples(v, c))
-    mean = float(np.dot(v, c) / n)
-    std = math.sqrt(float(np.dot((v - mean) ** 2, c)) / n)
+    mean = weighted_mean(v, c, n)
+    std = math.sqrt(weighted_mean((v - mean) ** 2, c, n))
     out = {"mean": mean * 1000, "median": float(s["p50"] or 0.0) * 1000, "std": std * 1000}
     out.update({f"p{p}": float(s[f"p{p}"] or 0.0) * 1000 for p in BENCH_PERCENTILES})
     return out
