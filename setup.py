@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 #: The simulation's hot path (the engine core, the cluster's dispatcher, the queue
 #: policies, the roofline), module files relative to this folder. Every class in them is
@@ -77,6 +79,23 @@ class OptionalBuildExt(build_ext):
                   file=sys.stderr)
 
 
+class FreshBuildPy(build_py):
+    """build_py that first deletes the extensions an earlier build left in the build
+    folder (``pip install .`` builds in the checkout's build/): build_ext, which runs
+    after it, makes again the ones this build compiles, while a module taken off
+    COMPILED, or every one with SERVESIM_COMPILE=0, would otherwise ship its stale
+    extension, linked to an older shared runtime (two copies of one class: TypeError)."""
+
+    def run(self) -> None:
+        lib = Path(self.build_lib)
+        stale = [*lib.glob("*__mypyc*")]
+        for package in ("sim", "policies", "scenarios", "calibration"):
+            stale += [*(lib / package).rglob("*.so"), *(lib / package).rglob("*.pyd")]
+        for path in stale:
+            path.unlink()
+        super().run()
+
+
 def _extensions() -> list:
     if not _wanted():
         return []
@@ -90,4 +109,5 @@ def _extensions() -> list:
         return []
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=_extensions(),
+      cmdclass={"build_ext": OptionalBuildExt, "build_py": FreshBuildPy})
