@@ -37,6 +37,7 @@ COMPILED = [
     "sim/batch.py",
     "sim/metrics.py",
     "sim/cluster.py",
+    "sim/source.py",
     "sim/kv/block_pool.py",
     "sim/kv/prefix_cache.py",
     "sim/kv/block_cache.py",

@@ -39,7 +39,7 @@ def cpu_seconds(prep: Prepared) -> tuple[float, int]:
     gc.collect()
     t0 = time.process_time()
     result = simulate_prepared(prep)
-    return time.process_time() - t0, len(result.steps["start_time"])
+    return time.process_time() - t0, len(result.step_table["start_time"])
 
 
 def main() -> None:

@@ -166,7 +166,7 @@ class ClosedLoopArrivals:
         content: ContentFn | None = None,
     ) -> None:
         self._content = content
-        if int(concurrency) != concurrency or concurrency < 1:
+        if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         if not (think_time_s >= 0 and math.isfinite(think_time_s)):
             raise ValueError(f"think_time must be a finite number >= 0 seconds, got "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim import latency_stats
 from sim.latency_stats import ItlSamples, stats, weighted_mean, weighted_stats
 from sim.metrics import Recorder, StepRow, summarize
 from sim.request import Request, RequestStatus
@@ -75,10 +76,12 @@ def test_stats_empty_and_percentiles() -> None:
     assert st["p99"] == pytest.approx(99.01)
 
 
-def test_weighted_itl_mean_is_an_exact_sum_in_any_order() -> None:
+def test_weighted_itl_mean_is_an_exact_sum_in_any_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The ITL mean sums the (value x count) products exactly before dividing: by hand,
     1e16 + 1 + 1 is 10000000000000002 (a float64 sum left to right loses both ones), and
-    a permutation of the samples, or their sorted ItlSamples, gives the same bits."""
+    a permutation of the samples, their sorted ItlSamples, or products made 7 at a time
+    give the same bits."""
     v = np.array([1e16, 1.0, 1.0])
     c = np.array([1, 1, 1], dtype=np.int64)
     assert (1e16 + 1.0) + 1.0 == 1e16
@@ -91,4 +94,8 @@ def test_weighted_itl_mean_is_an_exact_sum_in_any_order() -> None:
     ref = weighted_stats(samples)
     assert weighted_stats(ItlSamples(v[perm], c[perm])) == ref
     assert weighted_stats(samples.sorted()) == ref
+    monkeypatch.setattr(latency_stats, "_MEAN_CHUNK", 7)
+    assert weighted_stats(samples) == ref
+    assert weighted_mean(np.array([1e16, 1.0, 1.0]), np.ones(3, np.int64), 3) \
+        == 10000000000000002 / 3
     assert list(samples.sorted().values_s) == sorted(v)

@@ -112,8 +112,6 @@ def _windows(parallel_windows: str | None, warmup: str | None, backend: str | No
              workers: int | None, compare: str | None) -> Any:
     """The --parallel-windows settings (sim/app/runs/window_replay.py), None without it;
     ValueError for a bad one, a window option without it, or it with --compare."""
-    from sim.app.runs.window_replay import WindowSettings
-
     if parallel_windows is None:
         given = [f for f, v in (("--warmup", warmup), ("--backend", backend),
                                 ("--workers", workers)) if v is not None]
@@ -122,6 +120,8 @@ def _windows(parallel_windows: str | None, warmup: str | None, backend: str | No
         return None
     if compare is not None:
         raise ValueError("--parallel-windows replays one run: give it without --compare")
+    from sim.app.runs.window_replay import WindowSettings
+
     return WindowSettings.parse(parallel_windows, warmup, backend, workers)
 
 
