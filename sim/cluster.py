@@ -130,7 +130,11 @@ class _UrgentTimeout(simpy.events.Event):
 
 
 class Inbox:
-    """The ArrivalSource one replica's engine pulls from: what the router sent it."""
+    """The ArrivalSource one replica's engine pulls from: what the router sent it. Behind
+    a state-free router (Dispatcher.routes_ahead) no routing instant reads this
+    replica's state, so this plain source is what its engine gets, and the engine plans
+    its runs as a lone engine over its source does (a chunk run admits the arrivals it
+    goes past); other routers' engines get a RoutedInbox."""
 
     __slots__ = ("_dispatcher", "_replica")
 
@@ -143,6 +147,21 @@ class Inbox:
         q = self._replica.inbox
         return q[0].arrival_time if q else self._dispatcher.next_arrival_ahead(self._replica)
 
+    def pop_arrived(self, now: float) -> list[Request]:
+        self._dispatcher.advance(now, self._replica)
+        q = self._replica.inbox
+        out: list[Request] = []
+        while q and q[0].arrival_time <= now:
+            out.append(q.popleft())
+        return out
+
+
+class RoutedInbox(Inbox):
+    """An Inbox that is a ``sim.interface.RoutedArrivals``: its engine's runs end before
+    the router's next routing instant, where the router reads this replica's state."""
+
+    __slots__ = ()
+
     def next_routing_time(self) -> float | None:
         """The next routing instant that reads this replica's state (the dispatcher's
         ``next_routing_time``): the engine's steady runs end before it."""
@@ -151,14 +170,6 @@ class Inbox:
     def next_routed_arrival_time(self) -> float | None:
         """The next arrival routed here, in the inbox or routed ahead (Dispatcher)."""
         return self.next_arrival_time()
-
-    def pop_arrived(self, now: float) -> list[Request]:
-        self._dispatcher.advance(now, self._replica)
-        q = self._replica.inbox
-        out: list[Request] = []
-        while q and q[0].arrival_time <= now:
-            out.append(q.popleft())
-        return out
 
 
 class Dispatcher:
@@ -187,6 +198,11 @@ class Dispatcher:
         self._ahead = (self._closed is None and isinstance(router, StateFreeRouter)
                        and router.state_free is True and declares(router, "state_free"))
         self._ahead_queues: list[deque[Request]] = [deque() for _ in replicas]
+
+    @property
+    def routes_ahead(self) -> bool:
+        """Whether the router is asked ahead (a state-free router, open-loop arrivals)."""
+        return self._ahead
 
     def exhausted(self) -> bool:
         """No request is left to route, now or later."""
@@ -321,12 +337,14 @@ def simulate_cluster(
             on_release(req, now)
             dispatcher.set_timer()
 
+    inbox = Inbox if dispatcher.routes_ahead else RoutedInbox
     procs = []
     for rep in reps:
         policy: Scheduler = policy_factory(config, rep.kv)
         engine = Engine(env, policy=policy, cost_model=cost_model, kv=rep.kv, config=config,
-                        arrivals=Inbox(dispatcher, rep), recorder=rep.recorder,
-                        on_release=release, wake=functools.partial(dispatcher.wake_event, rep),
+                        arrivals=inbox(dispatcher, rep), recorder=rep.recorder,
+                        on_release=release if on_release is not None else None,
+                        wake=functools.partial(dispatcher.wake_event, rep),
                         fast_path=fast_path and not isinstance(source, ClosedLoopArrivals))
         procs.append(engine.start())
     dispatcher.set_timer()

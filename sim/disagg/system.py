@@ -28,7 +28,7 @@ from typing import Any
 
 import simpy
 
-from sim.cluster import Dispatcher, Inbox, Replica
+from sim.cluster import Dispatcher, Replica, RoutedInbox
 from sim.config import SchedulerConfig
 from sim.cost_model import CostModel
 from sim.disagg.decode import DecodeGate, DecodeInbox, Waiting, fire, wake_event
@@ -115,7 +115,7 @@ class _System:
             self.policies.append(policy)
             procs.append(Engine(
                 env, policy=policy, cost_model=clock, kv=rep.kv, config=self.prefill.config,
-                arrivals=Inbox(self.dispatcher, rep), recorder=rep.recorder,
+                arrivals=RoutedInbox(self.dispatcher, rep), recorder=rep.recorder,
                 observer=clock.step_ended,
                 on_release=functools.partial(self._prefilled, rep.index),
                 wake=functools.partial(self._prefill_wake, rep)).start())
