@@ -87,6 +87,19 @@ def test_closed_loop_source_validation(kwargs: dict, field: str) -> None:
         ClosedLoopArrivals([1], [1], [1], **kwargs)
 
 
+def test_an_integral_float_concurrency_runs_as_that_int(tmp_path: Path) -> None:
+    """A sweep or a config.json may give concurrency as 2.0 or a numpy int: RunConfig takes
+    an integral value, and the run is the one with 2 users."""
+    from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
+
+    trace = str(fixed_trace(tmp_path, n=12))
+    runs = [simulate_prepared(prepare(RunConfig(trace=trace, concurrency=c, max_num_seqs=1,
+                                                step_time=STEP)))
+            for c in (2, 2.0, np.int64(2))]
+    for other in runs[1:]:
+        assert other.summary == runs[0].summary
+
+
 def test_closed_loop_cli_errors(tmp_path: Path) -> None:
     for args, word in ((["--concurrency", "2", "--rate", "3"], "not both"),
                        (["--think-time", "1"], "think_time"),

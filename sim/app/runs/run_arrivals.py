@@ -22,7 +22,8 @@ def arrival_source(w: Workload, cfg: RunConfig,
     if cfg.concurrency is None:
         return ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
                               w.max_tokens, w.priority, w.request_id, content), None
+    # (RunConfig checked it is integral; a sweep may hand it as 4.0 or a numpy int)
     src = ClosedLoopArrivals(w.num_prompt_tokens, w.output_len, w.max_tokens,
-                             cfg.concurrency, cfg.think_time, w.priority, w.request_id,
-                             content)
+                             int(cfg.concurrency), float(cfg.think_time), w.priority,
+                             w.request_id, content)
     return src, src.release
