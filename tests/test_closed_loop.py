@@ -87,9 +87,9 @@ def test_closed_loop_source_validation(kwargs: dict, field: str) -> None:
         ClosedLoopArrivals([1], [1], [1], **kwargs)
 
 
-def test_an_integral_float_concurrency_runs_as_that_int(tmp_path: Path) -> None:
-    """A sweep or a config.json may give concurrency as 2.0 or a numpy int: RunConfig takes
-    an integral value, and the run is the one with 2 users."""
+def test_integral_floats_for_concurrency_and_replicas_run_as_ints(tmp_path: Path) -> None:
+    """A sweep or a config.json may give concurrency (or replicas) as 2.0 or a numpy int:
+    RunConfig takes an integral value, and the run is the one with 2 users (replicas)."""
     from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
 
     trace = str(fixed_trace(tmp_path, n=12))
@@ -98,6 +98,11 @@ def test_an_integral_float_concurrency_runs_as_that_int(tmp_path: Path) -> None:
             for c in (2, 2.0, np.int64(2))]
     for other in runs[1:]:
         assert other.summary == runs[0].summary
+    clusters = [simulate_prepared(prepare(RunConfig(trace=trace, replicas=r, max_num_seqs=1,
+                                                    step_time=STEP)))
+                for r in (2, 2.0, np.int64(2))]
+    for other in clusters[1:]:
+        assert other.summary == clusters[0].summary
 
 
 def test_closed_loop_cli_errors(tmp_path: Path) -> None:

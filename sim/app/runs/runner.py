@@ -349,7 +349,8 @@ def simulate_prepared(
         from sim.cluster import simulate_cluster
 
         router = make_router(cfg.router, prompt_segments=workload_segments(w))
-        return simulate_cluster(arrivals, num_replicas=cfg.replicas, router=router,
+        # (RunConfig checked it is integral; a sweep may hand it as a numpy int)
+        return simulate_cluster(arrivals, num_replicas=int(cfg.replicas), router=router,
                                 fast_path=fast_path, **common)
     result = simulate(arrivals, observer=observer, executor=executor, fast_path=fast_path,
                       **common)
