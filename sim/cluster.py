@@ -130,11 +130,10 @@ class _UrgentTimeout(simpy.events.Event):
 
 
 class Inbox:
-    """The ArrivalSource one replica's engine pulls from: what the router sent it. Behind
-    a state-free router (Dispatcher.routes_ahead) no routing instant reads this
-    replica's state, so this plain source is what its engine gets, and the engine plans
-    its runs as a lone engine over its source does (a chunk run admits the arrivals it
-    goes past); other routers' engines get a RoutedInbox."""
+    """The ArrivalSource one replica's engine pulls from: what the router sent it. A
+    state-free router's (Dispatcher.routes_ahead) engines get this plain source and plan
+    runs as a lone engine over its source does (a chunk run admits the arrivals it goes
+    past); other routers' engines get a RoutedInbox."""
 
     __slots__ = ("_dispatcher", "_replica")
 
@@ -366,41 +365,36 @@ def _merge(reps: list[Replica], max_num_seqs: int, num_gpu_blocks: int, block_si
     kw: dict[str, Any] = {"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks,
                           "block_size": block_size, "slo_ttft_s": slo_ttft_s,
                           "slo_tpot_s": slo_tpot_s}
-    req_tables, step_tables, itls, sorted_itls, per_replica = [], [], [], [], []
+    parts, per_replica = [], []
     for rep in reps:
-        req = rep.recorder.request_columns()
-        steps = rep.recorder.step_columns()
+        req, steps = rep.recorder.request_columns(), rep.recorder.step_columns()
         itl = rep.recorder.itl_samples()
-        # Sorted once here: the summaries' stable sort of a sorted multiset, and of the
-        # replicas' sorted ones one after another, is a merge, and ranks them as it would
-        # the recorded order.
+        # Sorted once: the summaries' stable sort of it, and of the replicas' sorted
+        # samples one after another (a merge), ranks them as the recorded order would.
         itl_sorted = itl.sorted()
         per_replica.append({"replica": rep.index, "num_routed": len(rep.routed),
                             **summarize(req, steps, itl_sorted, **kw),
                             "prefix_cache": cache_summary([rep.kv], block_size)})
-        req_tables.append(req)
-        step_tables.append(steps)
-        itls.append(itl)
-        sorted_itls.append(itl_sorted)
-    routed = [len(next(iter(t.values()))) for t in req_tables]
-    stepped = [len(t["start_time"]) for t in step_tables]
+        parts.append((req, steps, itl, itl_sorted))
+    req_tables, step_tables, itls, sorted_itls = (list(x) for x in zip(*parts, strict=True))
     # Each replica's table is in ascending workload index; put the whole in that order.
     order = np.argsort(np.concatenate([np.sort(np.asarray(r.routed, dtype=np.int64))
                                        for r in reps]), kind="stable")
     requests = concat_tables(req_tables, order)
-    requests["replica"] = _replica_column(routed).take(order)
+    requests["replica"] = _replica_column(req_tables).take(order)
     # Each replica's steps are in start-time order and the tables follow replica order,
     # so a stable sort on start time breaks ties by replica (and merges sorted runs).
     by_start = np.argsort(np.concatenate([t["start_time"] for t in step_tables]),
                           kind="stable")
     steps = concat_tables(step_tables, by_start)
-    steps["replica"] = _replica_column(stepped).take(by_start)
+    steps["replica"] = _replica_column(step_tables).take(by_start)
     summary = summarize(requests, steps, ItlSamples.concat(sorted_itls), **kw)
     summary["prefix_cache"] = cache_summary([r.kv for r in reps], block_size)
     summary["replicas"] = per_replica
     return SimResult(requests, steps, ItlSamples.concat(itls), summary)
 
 
-def _replica_column(sizes: list[int]) -> np.ndarray:
-    """Replica numbers (int64) of the rows of tables of ``sizes`` rows one after another."""
-    return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+def _replica_column(tables: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """Replica numbers (int64) of the rows of the replicas' tables one after another."""
+    sizes = [len(next(iter(t.values()))) for t in tables]
+    return np.repeat(np.arange(len(tables), dtype=np.int64), sizes)
