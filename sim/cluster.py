@@ -249,9 +249,7 @@ class Dispatcher:
         replica whose engine pulls), routed ahead (module docstring)."""
         if self._ahead:
             if puller is not None:
-                nxt = self.source.next_arrival_time()
-                if nxt is not None and nxt <= now:
-                    self._route_ahead(now)
+                self._route_ahead(now)
                 queue = self._ahead_queues[puller.index]
                 while queue and queue[0].arrival_time <= now:
                     puller.receive(queue.popleft())

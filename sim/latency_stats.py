@@ -71,8 +71,8 @@ def weighted_stats(samples: ItlSamples) -> dict[str, float | None]:
     if n == 0:
         return {k: None for k in ("mean", "p50", "p90", "p95", "p99", "max")}
     out: dict[str, float | None] = {"mean": weighted_mean(v, c, n)}
-    order = np.argsort(v, kind="stable")
-    v, c = v[order], c[order]
+    ordered = ItlSamples(v, c).sorted()
+    v, c = ordered.values_s, ordered.counts
     ends = np.cumsum(c)  # rank r (0-based) holds v[searchsorted(ends, r, "right")]
     for p in PERCENTILES:
         out[f"p{p}"] = _linear_percentile(
