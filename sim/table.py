@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
+import orjson
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,23 +56,56 @@ def csv_fields(values: np.ndarray) -> list[str]:
     NaN and None as empty fields."""
     kind = values.dtype.kind
     if kind == "f":
-        out = (list(map(repr, values.tolist())) if values.dtype == np.float64
+        out = (float64_texts(values) if values.dtype == np.float64
                else values.astype(str).tolist())
         for i in np.flatnonzero(np.isnan(values)).tolist():
             out[i] = ""
         return out
     if kind in "iu":
         if len(values) and values.min() >= 0 and values.max() < max(len(values), 1024):
-            # counts: a table of the strings of 0..max is several times faster than str()
-            text = list(map(str, range(int(values.max()) + 1)))
-            return [text[i] for i in values.tolist()]
-        return list(map(str, values.tolist()))
+            # counts: the strings of 0..max looked up by numpy, several times faster
+            # than str() of each
+            text = np.array(list(map(str, range(int(values.max()) + 1))), dtype=object)
+            return text[values].tolist()
+        return _json_numbers(values)  # an integer's JSON text is its str()
     out = ["" if x is None or x != x else x if isinstance(x, str) else str(x)
            for x in values.tolist()]  # x != x: NaN
     joined = "\0".join(out)
     if any(c in joined for c in _SPECIAL):  # one scan of the column, then cell by cell
         out = [_quoted(x) for x in out]
     return out
+
+
+#: The magnitudes orjson and ``repr`` both write positionally, with the same digits:
+#: [1e-4, 1e16). Outside it, orjson's exponent notation differs from repr's ("2.5e-7"
+#: against "2.5e-07"; "1e16" in orjson < 3.11 against "1e+16").
+_POSITIONAL = (1e-4, 1e16)
+
+
+def float64_texts(values: np.ndarray) -> list[str]:
+    """A float64 array's values as ``repr`` writes them: the shortest text that reads back
+    as the same float64 (Steele & White / Gay; orjson's Ryu-family formatter finds the
+    same digits about ten times faster than CPython's ``float.__repr__``, which was a
+    fifth of a 10,000-request run's instructions). orjson writes every finite value in
+    [1e-4, 1e16) in magnitude, and zeros; the rest (NaN, infinities, exponent notation)
+    are ``repr``'s own. Shape (n,) in, n strings out; NaN as "nan"."""
+    flat = np.ascontiguousarray(values, dtype=np.float64)
+    out = _json_numbers(flat)
+    size = np.abs(flat)
+    inside = (size >= _POSITIONAL[0]) & (size < _POSITIONAL[1]) | (flat == 0)
+    if not inside.all():
+        for i in np.flatnonzero(~inside).tolist():
+            out[i] = repr(float(flat[i]))
+    return out
+
+
+def _json_numbers(values: np.ndarray) -> list[str]:
+    """orjson's text of each number of a 1-D numeric array (shape (n,) in, n strings out):
+    an integer's is its ``str``; a float's, see float64_texts."""
+    if values.size == 0:
+        return []
+    text = orjson.dumps(np.ascontiguousarray(values), option=orjson.OPT_SERIALIZE_NUMPY)
+    return text[1:-1].decode().split(",")
 
 
 def _quoted(text: str) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -285,3 +287,33 @@ def test_vllms_chunked_prefill_switch_is_the_policy(tmp_path: Path) -> None:
     assert res.exit_code == 1
     assert "--enable-chunked-prefill (--policy chunked) contradicts --policy continuous" in (
         res.output)
+
+
+@pytest.mark.parametrize("args", [["run", "--help"], ["list", "--help"], ["calibrate", "--help"],
+                                  ["sweep", "--help"], ["inspect", "--help"],
+                                  ["run", "--max-num-seqs", "0"], ["run", "--no-such-flag"]])
+def test_app_of_the_command_alone_parses_and_answers_alike(args: list[str]) -> None:
+    from sim.app.cli.main import app_for
+
+    one = app_for(args)
+    assert [c.name for c in one.registered_commands] == [args[0]]
+    whole, alone = runner.invoke(app, args), runner.invoke(one, args)
+    assert (alone.exit_code, alone.output) == (whole.exit_code, whole.output)
+    assert whole.output.strip()
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["--version"], ["rnu"]])
+def test_whole_app_without_a_command_first(args: list[str]) -> None:
+    from sim.app.cli.main import COMMANDS, app_for
+
+    assert [c.name for c in app_for(args).registered_commands] == [c[0] for c in COMMANDS]
+
+
+def test_a_run_imports_no_other_commands_module() -> None:
+    modules = ("sim.app.cli.capacity", "sim.app.cli.validate", "sim.app.cli.tools",
+               "sim.app.cli.run")
+    code = ("import sys; from sim.app.cli.main import app_for; app_for(['run', '--help'])\n"
+            f"print(sorted(m for m in {modules!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.split() == ["['sim.app.cli.run']"]

@@ -140,6 +140,24 @@ def test_write_csv_bytes_equal_pandas_to_csv(tmp_path: Path, names: list[str]) -
     assert (tmp_path / "c.csv").read_bytes() == (tmp_path / "d.csv").read_bytes()
 
 
+def test_numbers_are_written_as_repr_and_str_on_every_exponent_and_both_edges() -> None:
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2**64, 400_000, dtype=np.uint64).view(np.float64)  # every exponent
+    times = np.cumsum(rng.exponential(0.2, 200_000))  # a run's clock, s
+    edges = np.array([1e-4, 1e16, 0.0, -0.0, -1e-4, -1e16, 9.999999999999999e15,
+                      2.0**53, 1.7976931348623157e308, -5e-324])
+    with np.errstate(over="ignore"):  # the largest float's next is inf: a case too
+        around = [np.nextafter(edges, np.inf), np.nextafter(edges, -np.inf)]
+    values = np.concatenate([bits, times, rng.exponential(0.03, 200_000), edges, *around])
+    assert sim.table.float64_texts(values) == list(map(repr, values.tolist()))
+    assert sim.table.float64_texts(values[::3]) == list(map(repr, values[::3].tolist()))
+    assert sim.table.float64_texts(np.zeros(0)) == []
+    ints = [rng.integers(-2**63, 2**63 - 1, 50_000), np.array([0, -1, 2**63 - 1, -2**63]),
+            rng.integers(0, 2**64 - 1, 1000, dtype=np.uint64), rng.integers(0, 500, 5000)]
+    for column in ints:
+        assert sim.table.csv_fields(column) == list(map(str, column.tolist()))
+
+
 def test_write_csv_across_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sim.table, "CHUNK_ROWS", 4)
     rec = recorder_with_every_kind_of_request()

@@ -1,11 +1,13 @@
 """What pyproject.toml promises a user who installs servesim: the license shipped as a file
 beside an SPDX expression, torch as a floor the tested version (the one the README's and
 CI's install command name) satisfies, a ``png`` extra for kaleido, package-data globs that
-each match a file, and a ``servesim --help`` that imports none of the numeric stack (numpy
-alone was a quarter of its start-up)."""
+each match a file, a ``servesim --help`` that imports none of the numeric stack (numpy
+alone was a quarter of its start-up), and a console script that gives OpenBLAS one thread
+unless the user chose otherwise and freezes the app's imports out of the collector."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -39,6 +41,22 @@ def test_help_imports_no_numeric_stack() -> None:
                          check=True, cwd=ROOT).stdout
     assert "calibrate" in out  # the help was printed, every command listed
     assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
+def test_console_script_sets_up_the_process_before_numpy_loads(given: str | None,
+                                                               expected: str) -> None:
+    assert _pyproject()["project"]["scripts"]["servesim"] == "sim.app.cli.launch:main"
+    code = ("import gc, os, sys; from sim.app.cli import launch, main\n"
+            "main.main = lambda: print(os.environ.get('OPENBLAS_NUM_THREADS'),\n"
+            "                          gc.get_freeze_count() > 1000, 'numpy' in sys.modules)\n"
+            "launch.main()")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT, env=env).stdout
+    assert out.split() == [expected, "True", "False"]
 
 
 def test_every_package_data_glob_matches_a_file() -> None:

@@ -1,5 +1,5 @@
 """``python -m sim.app.cli``: the ``servesim`` command line."""
 
-from sim.app.cli.main import main
+from sim.app.cli.launch import main
 
 main()
