@@ -118,8 +118,16 @@ class Recorder:
         self._start = array("d")
         self._duration = array("d")
         self._blocks = array("q")
-        self._start_append, self._duration_append = self._start.append, self._duration.append
-        self._blocks_append = self._blocks.append
+        # What the typed arrays above take in arrives in lists first and is moved in
+        # bulk (_settle, at every pack and before any read): array.array parses each
+        # float or int it is given (PyArg_Parse, about 165 instructions a value), where
+        # a list only stores the reference.
+        self._new_start: list[float] = []
+        self._new_duration: list[float] = []
+        self._new_blocks: list[int] = []
+        self._new_itl: list[float] = []
+        self._new_itl_step_s: list[float] = []
+        self._new_itl_step_count: list[int] = []
         self._rows: list[tuple[int, ...]] = []
         self._rows_append = self._rows.append
         self._row_steps = array("q")
@@ -138,9 +146,9 @@ class Recorder:
 
     def record_step(self, row: StepRow) -> None:
         """Store one engine step."""
-        self._start_append(row.start_time)
-        self._duration_append(row.duration_s)
-        self._blocks_append(row.kv_blocks_used)
+        self._new_start.append(row.start_time)
+        self._new_duration.append(row.duration_s)
+        self._new_blocks.append(row.kv_blocks_used)
         self._rows_append((row.num_seqs, row.num_prefill_tokens, row.num_decode_tokens,
                            row.num_waiting, row.slots_useful, row.slots_idle, row.slots_empty,
                            row.num_preempted))
@@ -153,30 +161,44 @@ class Recorder:
         """``copies`` irregular samples of ``gap_s`` seconds (tokens whose previous token
         came before the step that produced them: after a stall or a skipped step)."""
         if copies == 1:
-            self._itl.append(gap_s)
+            self._new_itl.append(gap_s)
         else:
-            self._itl.extend(array("d", [gap_s]) * copies)
+            self._new_itl.extend([gap_s] * copies)
 
     def book_itl_step(self, duration_s: float, count: int) -> None:
         """``count`` tokens whose previous token came at the start of the step that
         produced them, which lasted ``duration_s`` seconds."""
-        self._itl_step_s.append(duration_s)
-        self._itl_step_count.append(count)
+        self._new_itl_step_s.append(duration_s)
+        self._new_itl_step_count.append(count)
 
     def book_itl_run(self, times: list[float], count: int, first_count: int) -> None:
         """book_itl_step for each step of a run with boundaries ``times``: ``first_count``
         tokens in its first step (those whose previous token came at the run's start),
         ``count`` in each later one."""
         if first_count:
-            self._itl_step_s.append(times[1] - times[0])
-            self._itl_step_count.append(first_count)
+            self._new_itl_step_s.append(times[1] - times[0])
+            self._new_itl_step_count.append(first_count)
         if len(times) > 2:
-            self._itl_step_s.extend(map(sub, times[2:], times[1:-1]))
-            self._itl_step_count.extend(array("q", [count]) * (len(times) - 2))
+            self._new_itl_step_s.extend(map(sub, times[2:], times[1:-1]))
+            self._new_itl_step_count.extend([count] * (len(times) - 2))
+
+    def _settle(self) -> None:
+        """Move the values waiting in lists into their typed arrays."""
+        for store, new, dtype in ((self._start, self._new_start, np.float64),
+                                  (self._duration, self._new_duration, np.float64),
+                                  (self._blocks, self._new_blocks, np.int64),
+                                  (self._itl, self._new_itl, np.float64),
+                                  (self._itl_step_s, self._new_itl_step_s, np.float64),
+                                  (self._itl_step_count, self._new_itl_step_count, np.int64)):
+            if new:
+                store.frombytes(np.array(new, dtype=dtype).tobytes())
+                new.clear()
 
     def _pack(self, flush: bool = True) -> None:
-        """Move the pending constant-column tuples into an int64 array; with a sink (and
-        ``flush``), then hand it everything recorded so far."""
+        """Move the pending constant-column tuples into an int64 array and the pending
+        values into their typed arrays; with a sink (and ``flush``), then hand it
+        everything recorded so far."""
+        self._settle()
         if self._rows:
             # every tuple holds len(_CONST_STEP_COLUMNS) ints: one flat pass, several
             # times quicker than np.array's shape discovery over a list of tuples
@@ -217,6 +239,7 @@ class Recorder:
 
     def itl_samples(self) -> ItlSamples:
         """Every ITL sample so far, as (values_s, counts)."""
+        self._settle()
         v = np.concatenate([np.frombuffer(self._itl_step_s, dtype=np.float64),
                             np.frombuffer(self._itl, dtype=np.float64)]) \
             if len(self._itl) + len(self._itl_step_s) else np.zeros(0)
@@ -241,9 +264,9 @@ class Recorder:
         _CONST_STEP_COLUMNS order, stored once for them all (a fast-path run's stretch
         of steps: no tuple per step)."""
         k = len(dts)
-        self._start.extend(times[:k])
-        self._duration.extend(dts)
-        self._blocks.extend(kv_blocks_used)
+        self._new_start.extend(times[:k])
+        self._new_duration.extend(dts)
+        self._new_blocks.extend(kv_blocks_used)
         self._rows_append(row)
         self._row_steps_append(k)
         if len(self._rows) >= _PACK_ROWS:
@@ -257,7 +280,7 @@ class Recorder:
     @property
     def num_steps(self) -> int:
         """Steps recorded so far, those flushed included."""
-        return self._num_flushed_steps + len(self._start)
+        return self._num_flushed_steps + len(self._start) + len(self._new_start)
 
     def request_columns(self) -> dict[str, np.ndarray]:
         """One row per request, in workload order, with the derived latency columns: a
