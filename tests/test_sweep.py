@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -215,3 +216,30 @@ def test_cli_sweep_takes_runs_engine_and_workload_options(tmp_path: Path) -> Non
     # One request at a time holds one 32-token block (16 + 4 reserved) of the 499 usable
     # (block 0 is vLLM's null block).
     assert df["kv_peak_usage"].tolist() == pytest.approx([1 / 499, 1 / 499])
+
+
+
+def test_workers_import_servesim_whatever_folders_the_command_runs_in(tmp_path: Path) -> None:
+    # A user's own scenarios/ package in the folder a sweep runs in. servesim is put on a
+    # plain path (PYTHONPATH, no site: an editable install's finder would hide the
+    # shadowing), as a regular install is; the forkserver starts in that folder with it
+    # first on its path, and its preloads used to import the user's package for every
+    # worker (BrokenProcessPool).
+    import subprocess
+    import sys
+
+    site = str(Path(np.__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[1])
+    work = tmp_path / "work"
+    (work / "scenarios").mkdir(parents=True)
+    (work / "scenarios" / "__init__.py").write_text("# a user's own package\n")
+    script = tmp_path / "sweep.py"
+    script.write_text("from sim.app.cli.launch import main\n"
+                      "if __name__ == '__main__':\n    main()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, site])}
+    proc = subprocess.run(
+        [sys.executable, "-S", str(script), "sweep", "--num-requests", "20",
+         "--max-num-seqs", "4,8", "--step-time", "0.01", "--workers", "2", "--out", "sw"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(pd.read_csv(work / "sw" / "sweep.csv")) == 2

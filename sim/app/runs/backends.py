@@ -110,9 +110,14 @@ def default_workers() -> int:
 
 
 def _pool_context() -> Any:
+    """The start method of local workers (module docstring). The forkserver preloads
+    nothing: Python (3.10-3.13) imports its preloads with the folder it started in first
+    on the path and never gives it the parent's, so a ``scenarios/`` or ``sim/`` folder
+    where the command ran shadowed servesim's own in every worker. Each worker, forked
+    from it, imports what its tasks need after taking the parent's path."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["sim.app.runs.runner", "sim.cluster"])
+        ctx.set_forkserver_preload([])
         return ctx
     return multiprocessing.get_context("spawn")
 
