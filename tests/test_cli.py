@@ -309,6 +309,14 @@ def test_whole_app_without_a_command_first(args: list[str]) -> None:
     assert [c.name for c in app_for(args).registered_commands] == [c[0] for c in COMMANDS]
 
 
+def test_an_app_of_commands_servesim_lacks_is_refused() -> None:
+    from sim.app.cli.main import make_app
+
+    assert [c.name for c in make_app(["plan", "run"]).registered_commands] == ["run", "plan"]
+    with pytest.raises(KeyError, match="not servesim commands: rnu"):
+        make_app(["run", "rnu"])
+
+
 def test_a_run_imports_no_other_commands_module() -> None:
     modules = ("sim.app.cli.capacity", "sim.app.cli.validate", "sim.app.cli.tools",
                "sim.app.cli.run")
