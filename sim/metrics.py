@@ -18,6 +18,7 @@ interpolation, as vLLM's benchmark uses (sim/latency_stats.py).
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from sim.latency_stats import ItlSamples, meets_slos, stats, weighted_stats
 from sim.request import Request, RequestStatus
 from sim.saturation import saturation_summary
 from sim.step_totals import StepTotals
-from sim.table import Table, column
+from sim.table import ColumnBuffer, Table, column
 
 STEP_COLUMNS = (
     "start_time", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
@@ -108,26 +109,23 @@ class Recorder:
         # ITL samples: irregular gaps one by one (a request that skipped steps: a
         # preemption stall, a decode left out by the token budget) and, for every step,
         # its duration with the number of tokens whose gap was exactly that step.
-        self._itl = array("d")
-        self._itl_step_s = array("d")
-        self._itl_step_count = array("q")
+        self._itl = ColumnBuffer(np.float64)
+        self._itl_step_s = ColumnBuffer(np.float64)
+        self._itl_step_count = ColumnBuffer(np.int64)
         # Step rows. start_time, duration_s and kv_blocks_used change from step to step:
-        # typed arrays (8 bytes a field). The other columns are constant over a decode
-        # run: one tuple of them per record call with the number of steps it covers,
-        # packed into int64 arrays every _PACK_ROWS calls.
-        self._start = array("d")
-        self._duration = array("d")
-        self._blocks = array("q")
-        # What the typed arrays above take in arrives in lists first and is moved in
-        # bulk (_settle, at every pack and before any read): array.array parses each
-        # float or int it is given (PyArg_Parse, about 165 instructions a value), where
-        # a list only stores the reference.
-        self._new_start: list[float] = []
-        self._new_duration: list[float] = []
-        self._new_blocks: list[int] = []
-        self._new_itl: list[float] = []
-        self._new_itl_step_s: list[float] = []
-        self._new_itl_step_count: list[int] = []
+        # numpy chunks (8 bytes a field), settled at every pack and before any read. The
+        # other columns are constant over a decode run: one tuple of them per record
+        # call with the number of steps it covers, packed into int64 arrays every
+        # _PACK_ROWS calls.
+        self._start = ColumnBuffer(np.float64)
+        self._duration = ColumnBuffer(np.float64)
+        self._blocks = ColumnBuffer(np.int64)
+        self._new_start: list[float] = self._start.pending
+        self._new_duration: list[float] = self._duration.pending
+        self._new_blocks: list[int] = self._blocks.pending
+        self._new_itl: list[float] = self._itl.pending
+        self._new_itl_step_s: list[float] = self._itl_step_s.pending
+        self._new_itl_step_count: list[int] = self._itl_step_count.pending
         self._rows: list[tuple[int, ...]] = []
         self._rows_append = self._rows.append
         self._row_steps = array("q")
@@ -135,12 +133,13 @@ class Recorder:
         self._packed: list[np.ndarray] = []
 
     def record_request(self, req: Request) -> None:
-        """Store the final state of a finished or rejected request."""
+        """Store the final state of a finished or rejected request (its status's text
+        read as ``_value_``: the ``value`` property is an interpreted call)."""
         self._req_index.append(req.index)
         self._req_rows.append((
             req.request_id, req.arrival_time, req.first_scheduled_time, req.first_token_time,
             req.finish_time, req.num_prompt_tokens, req.num_output_tokens,
-            req.num_preemptions, req.status.value, req.finish_reason, req.reason,
+            req.num_preemptions, req.status._value_, req.finish_reason, req.reason,
             req.num_swaps,
         ))
 
@@ -183,16 +182,10 @@ class Recorder:
             self._new_itl_step_count.extend([count] * (len(times) - 2))
 
     def _settle(self) -> None:
-        """Move the values waiting in lists into their typed arrays."""
-        for store, new, dtype in ((self._start, self._new_start, np.float64),
-                                  (self._duration, self._new_duration, np.float64),
-                                  (self._blocks, self._new_blocks, np.int64),
-                                  (self._itl, self._new_itl, np.float64),
-                                  (self._itl_step_s, self._new_itl_step_s, np.float64),
-                                  (self._itl_step_count, self._new_itl_step_count, np.int64)):
-            if new:
-                store.frombytes(np.array(new, dtype=dtype).tobytes())
-                new.clear()
+        """Move the values waiting in lists into numpy chunks."""
+        for col in (self._start, self._duration, self._blocks, self._itl, self._itl_step_s,
+                    self._itl_step_count):
+            col.settle()
 
     def _pack(self, flush: bool = True) -> None:
         """Move the pending constant-column tuples into an int64 array and the pending
@@ -200,11 +193,12 @@ class Recorder:
         everything recorded so far."""
         self._settle()
         if self._rows:
-            # every tuple holds len(_CONST_STEP_COLUMNS) ints: one flat pass, several
-            # times quicker than np.array's shape discovery over a list of tuples
+            # every tuple holds len(_CONST_STEP_COLUMNS) ints: packed in one flat pass as
+            # C long longs (int64), as sim.table.ColumnBuffer packs its values
             n, width = len(self._rows), len(_CONST_STEP_COLUMNS)
-            flat = np.fromiter(chain.from_iterable(self._rows), dtype=np.int64,
-                               count=n * width)
+            flat = np.frombuffer(struct.pack(f"{n * width}q",
+                                             *chain.from_iterable(self._rows)),
+                                 dtype=np.int64)
             self._packed.append(flat.reshape(n, width))
             self._rows.clear()
             if flush and self._sink is not None:
@@ -227,26 +221,23 @@ class Recorder:
         if len(self._start):
             sink.write_steps(self.step_columns())
             self._num_flushed_steps += len(self._start)
-            for a in (self._start, self._duration, self._blocks, self._row_steps):
-                del a[:]
+            for col in (self._start, self._duration, self._blocks):
+                col.clear()
+            del self._row_steps[:]
             self._packed.clear()
         if len(self._itl) or len(self._itl_step_s):
-            sink.write_itl(np.array(self._itl_step_s, dtype=np.float64),
-                           np.array(self._itl_step_count, dtype=np.int64),
-                           np.array(self._itl, dtype=np.float64))
-            for a in (self._itl, self._itl_step_s, self._itl_step_count):
-                del a[:]
+            sink.write_itl(self._itl_step_s.values(), self._itl_step_count.values(),
+                           self._itl.values())
+            for col in (self._itl, self._itl_step_s, self._itl_step_count):
+                col.clear()
 
     def itl_samples(self) -> ItlSamples:
         """Every ITL sample so far, as (values_s, counts)."""
-        self._settle()
-        v = np.concatenate([np.frombuffer(self._itl_step_s, dtype=np.float64),
-                            np.frombuffer(self._itl, dtype=np.float64)]) \
-            if len(self._itl) + len(self._itl_step_s) else np.zeros(0)
-        c = np.concatenate([np.frombuffer(self._itl_step_count, dtype=np.int64),
-                            np.ones(len(self._itl), dtype=np.int64)]) \
-            if len(v) else np.zeros(0, dtype=np.int64)
-        return ItlSamples(v.copy(), c.copy())
+        irregular = self._itl.values()
+        v = np.concatenate([self._itl_step_s.values(), irregular])
+        c = np.concatenate([self._itl_step_count.values(),
+                            np.ones(len(irregular), dtype=np.int64)])
+        return ItlSamples(v, c)
 
     def record_decode_run(
         self, times: list[float], dts: list[float], num_seqs: int, kv_blocks_used: list[int],
@@ -280,7 +271,7 @@ class Recorder:
     @property
     def num_steps(self) -> int:
         """Steps recorded so far, those flushed included."""
-        return self._num_flushed_steps + len(self._start) + len(self._new_start)
+        return self._num_flushed_steps + len(self._start)
 
     def request_columns(self) -> dict[str, np.ndarray]:
         """One row per request, in workload order, with the derived latency columns: a
@@ -299,9 +290,8 @@ class Recorder:
                 else np.zeros((0, len(_CONST_STEP_COLUMNS)), dtype=np.int64))
         steps = np.repeat(rows, np.frombuffer(self._row_steps, dtype=np.int64)
                           if len(self._row_steps) else np.zeros(0, dtype=np.int64), axis=0)
-        out = {"start_time": np.array(self._start, dtype=np.float64),
-               "duration_s": np.array(self._duration, dtype=np.float64),
-               "kv_blocks_used": np.array(self._blocks, dtype=np.int64)}
+        out = {"start_time": self._start.values(), "duration_s": self._duration.values(),
+               "kv_blocks_used": self._blocks.values()}
         out.update({c: steps[:, i].copy() for i, c in enumerate(_CONST_STEP_COLUMNS)})
         return {c: out[c] for c in STEP_COLUMNS}
 

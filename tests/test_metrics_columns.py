@@ -5,6 +5,7 @@ lazy DataFrames, and no pandas import on ``servesim run``."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from sim.metrics import REQUEST_COLUMNS, Recorder, StepRow
 from sim.request import Request, RequestStatus
 from sim.source import RequestListArrivals
 from sim.step_compression import compress_steps
-from sim.table import to_frame, write_csv
+from sim.table import ColumnBuffer, to_frame, write_csv
 from tests.conftest import make_requests, run_sim
 
 
@@ -140,6 +141,32 @@ def test_write_csv_bytes_equal_pandas_to_csv(tmp_path: Path, names: list[str]) -
     assert (tmp_path / "c.csv").read_bytes() == (tmp_path / "d.csv").read_bytes()
 
 
+def test_adjacent_number_columns_written_as_one_block_equal_pandas_to_csv(
+        tmp_path: Path) -> None:
+    # Runs of adjacent int columns of one dtype, and of float64 columns orjson writes as
+    # repr does (NaN included), are formatted together; a float column holding an
+    # exponent or an infinity, or an int column of another dtype, breaks the run.
+    rng = np.random.default_rng(3)
+    n = 5000
+    clock = np.cumsum(rng.exponential(0.2, n))
+    dur = 1e-3 + rng.exponential(0.03, n)
+    dur[::7] = np.nan
+    dur[1] = -0.0
+    dur[2], dur[3] = 1e-4, 9.999999999999998e15
+    odd = clock.copy()
+    odd[5], odd[6] = 2.5e-07, np.inf
+    table = {"clock": clock, "dur": dur, "clock2": clock * 3, "odd": odd, "after": dur,
+             "a": rng.integers(-2**63, 2**63 - 1, n), "b": rng.integers(0, 9, n),
+             "u": rng.integers(2**63, 2**64 - 1, n, dtype=np.uint64),
+             "u2": rng.integers(0, 2**64 - 1, n, dtype=np.uint64),
+             "s": np.array(["x", None] * (n // 2), dtype=object), "c": np.arange(n),
+             "last": dur}
+    write_csv(tmp_path / "a.csv", table)
+    pd.DataFrame(table).to_csv(tmp_path / "b.csv", index=False)
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    assert sim.table._block_kind(dur) == "f" and sim.table._block_kind(odd) is None
+
+
 def test_numbers_are_written_as_repr_and_str_on_every_exponent_and_both_edges() -> None:
     rng = np.random.default_rng(7)
     bits = rng.integers(0, 2**64, 400_000, dtype=np.uint64).view(np.float64)  # every exponent
@@ -215,3 +242,26 @@ def test_compressed_rows_that_start_together_keep_the_tables_order() -> None:
         steps[c] = np.ones(4, dtype=np.int64)
     out = compress_steps(steps)
     assert out["replica"].tolist() == [2, 10] and out["num_steps"].tolist() == [2, 2]
+
+
+def test_column_buffer_keeps_every_value_across_settles() -> None:
+    col = ColumnBuffer(np.float64)
+    col.pending.extend([0.1, 2, 1e-300])  # an int among floats is taken as a float
+    col.settle()
+    col.settle()  # nothing pending: no empty chunk
+    col.pending.append(float("nan"))
+    assert len(col) == 4
+    values = col.values()
+    assert values.dtype == np.float64 and values.flags.writeable
+    assert values[:3].tolist() == [0.1, 2.0, 1e-300] and np.isnan(values[3])
+    values[0] = 5.0  # a new array: the buffer's own chunks are untouched
+    assert col.values()[0] == 0.1
+    ints = ColumnBuffer(np.int64)
+    ints.pending.extend([2**63 - 1, -2**63, True])
+    assert ints.values().tolist() == [2**63 - 1, -2**63, 1]
+    assert ints.values().dtype == np.int64
+    ints.clear()
+    assert len(ints) == 0 and ints.values().dtype == np.int64 and not len(ints.values())
+    ints.pending.append(1.5)
+    with pytest.raises(struct.error):
+        ints.settle()
