@@ -1,5 +1,13 @@
 """What a policy decided for one step (BatchPlan) and what a cost model needs to price it
-(BatchShape: token counts and context sizes, no Request objects)."""
+(BatchShape: token counts and context sizes, no Request objects).
+
+The dataclasses here are made at almost every engine step, so each writes its
+``__init__`` out (``init=False``: dataclasses makes none): mypyc compiles a written one,
+where the one dataclasses generates is interpreted Python, about five times the cost
+(with sim/request.py's and sim/fastpath.py's, 8% of a 10,000-request run's instructions).
+tests/test_compiled.py checks that each one takes its fields, in order, with their
+defaults.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ from sim.decode_group import DecodeGroup
 from sim.request import Request
 
 
-@dataclass(slots=True, unsafe_hash=True)
+@dataclass(slots=True, unsafe_hash=True, init=False)
 class BatchShape:
     """The work of one engine step, as a cost model sees it: read-only by contract, not
     frozen (built every step on the hottest path, where a frozen dataclass constructs
@@ -39,6 +47,18 @@ class BatchShape:
     decode_context_tokens: int = 0
     num_sampled_seqs: int = 0
 
+    def __init__(self, num_prefill_tokens: int = 0, num_prefill_seqs: int = 0,
+                 prefill_context_tokens: int = 0, prefill_attention_pairs: int = 0,
+                 num_decode_seqs: int = 0, decode_context_tokens: int = 0,
+                 num_sampled_seqs: int = 0) -> None:  # written out: module docstring
+        self.num_prefill_tokens = num_prefill_tokens
+        self.num_prefill_seqs = num_prefill_seqs
+        self.prefill_context_tokens = prefill_context_tokens
+        self.prefill_attention_pairs = prefill_attention_pairs
+        self.num_decode_seqs = num_decode_seqs
+        self.decode_context_tokens = decode_context_tokens
+        self.num_sampled_seqs = num_sampled_seqs
+
     @property
     def num_tokens(self) -> int:
         """All tokens through the linear layers this step."""
@@ -49,7 +69,7 @@ class BatchShape:
         return self.num_prefill_seqs + self.num_decode_seqs
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class BatchPlan:
     """One step's decision.
 
@@ -71,6 +91,18 @@ class BatchPlan:
     cost_shape: BatchShape | None = None
     extra_time_s: float = 0.0
     group: DecodeGroup | None = None
+
+    def __init__(self, scheduled: list[tuple[Request, int]] | None = None,
+                 preempted: list[Request] | None = None,
+                 holders: Sequence[Request] | None = None,
+                 cost_shape: BatchShape | None = None, extra_time_s: float = 0.0,
+                 group: DecodeGroup | None = None) -> None:  # written out: module docstring
+        self.scheduled = [] if scheduled is None else scheduled
+        self.preempted = [] if preempted is None else preempted
+        self.holders = holders
+        self.cost_shape = cost_shape
+        self.extra_time_s = extra_time_s
+        self.group = group
 
     def __bool__(self) -> bool:
         return bool(self.scheduled) or bool(self.group)
@@ -123,7 +155,7 @@ def chunk_shape(num_tokens: int, has_output: bool, computed: int, n: int,
                       group_context_tokens, sampled)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class LastChunkAdmission:
     """What the step of a promised prefill's last chunk also does (``ChunkedPrefill.admits``):
     it admits ``request``, the head of waiting, for its first chunk of ``num_tokens``
@@ -138,8 +170,17 @@ class LastChunkAdmission:
     blocks_allocated: int
     admit: Callable[[], None]
 
+    def __init__(self, request: Request, num_tokens: int, blocks_needed: int,
+                 blocks_allocated: int, admit: Callable[[], None]) -> None:
+        # written out: module docstring
+        self.request = request
+        self.num_tokens = num_tokens
+        self.blocks_needed = blocks_needed
+        self.blocks_allocated = blocks_allocated
+        self.admit = admit
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class ChunkedPrefill:
     """Part of a steady-decode promise (``SteadyDecode.prefill``): besides the decodes,
     every step schedules the next chunk of ``request``, the tail of running, prefilling:
@@ -159,8 +200,17 @@ class ChunkedPrefill:
     admits: LastChunkAdmission | None = None
     arrivals_wait: bool = False
 
+    def __init__(self, request: Request, chunk: int, covers_last: bool,
+                 admits: LastChunkAdmission | None = None,
+                 arrivals_wait: bool = False) -> None:  # written out: module docstring
+        self.request = request
+        self.chunk = chunk
+        self.covers_last = covers_last
+        self.admits = admits
+        self.arrivals_wait = arrivals_wait
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class SteadyDecode:
     """A policy's promise about the steps ahead (its optional ``steady_decode()`` hook,
     sim.interface.SteadyDecoder): until a request finishes, a request arrives, or a
@@ -181,3 +231,14 @@ class SteadyDecode:
     context_growth: int
     group: DecodeGroup | None = None
     prefill: ChunkedPrefill | None = None
+
+    def __init__(self, requests: Sequence[Request], holders: Sequence[Request],
+                 shape: BatchShape, context_growth: int, group: DecodeGroup | None = None,
+                 prefill: ChunkedPrefill | None = None) -> None:
+        # written out: module docstring
+        self.requests = requests
+        self.holders = holders
+        self.shape = shape
+        self.context_growth = context_growth
+        self.group = group
+        self.prefill = prefill

@@ -50,7 +50,7 @@ MAX_RUN_STEPS = 4096
 RunPricer = Callable[[int, int, int, int, int, float, float], list[float]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Run:
     """A planned run: the policy's promise, the step boundaries ``times`` (times[0] the
     run's start, times[-1] its end, s), each step's duration ``dts`` (s) and the new
@@ -63,6 +63,18 @@ class Run:
     chunks: Sequence[int] = ()  # the prefill's tokens in each step (SteadyDecode.prefill)
     samples: bool = True  # its last step samples (else none does: a lone prefill's chunks)
     admits: bool = False  # its last step makes the prefill promise's admission
+
+    def __init__(self, steady: SteadyDecode, times: list[float], dts: list[float],
+                 new_blocks: Sequence[int], chunks: Sequence[int] = (),
+                 samples: bool = True, admits: bool = False) -> None:
+        # written out, as sim/batch.py's dataclasses (its module docstring says why)
+        self.steady = steady
+        self.times = times
+        self.dts = dts
+        self.new_blocks = new_blocks
+        self.chunks = chunks
+        self.samples = samples
+        self.admits = admits
 
 
 class FastPath:

@@ -183,6 +183,65 @@ def test_every_module_says_what_it_owns() -> None:
     assert not missing, missing
 
 
+def _written_dataclass_inits(tree: ast.Module) -> Iterator[tuple[ast.ClassDef,
+                                                                  ast.FunctionDef]]:
+    """(class, its own __init__) for every @dataclass class that writes its __init__."""
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef) or not any(
+                "dataclass" in ast.unparse(d) for d in cls.decorator_list):
+            continue
+        for fn in cls.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                yield cls, fn
+
+
+def _init_mismatches(cls: ast.ClassDef, init: ast.FunctionDef) -> list[str]:
+    """How a written dataclass __init__ differs from the one dataclasses would make: its
+    parameters are the init fields, in order, with the same defaults (None standing for
+    a default_factory), and it assigns every field; the decorator says init=False (else
+    dataclasses would still make its own, one exec, and throw it away)."""
+    fields = [(f.target.id, f.value) for f in cls.body
+              if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+              and "ClassVar" not in ast.unparse(f.annotation)]
+    wanted = []
+    for name, value in fields:
+        text = ast.unparse(value) if value is not None else None
+        if text is not None and text.startswith("field("):
+            if "init=False" in text:
+                continue
+            text = "None" if "default_factory" in text else text
+        wanted.append((name, text))
+    args = init.args.args[1:]
+    defaults = [None] * (len(args) - len(init.args.defaults)) + [
+        ast.unparse(d) for d in init.args.defaults]
+    got = [(a.arg, d) for a, d in zip(args, defaults, strict=True)]
+    assigned = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Attribute)}
+    out = [f"{cls.name}.__init__ takes {got}, its fields say {wanted}"] if got != wanted else []
+    if not any("init=False" in ast.unparse(d) for d in cls.decorator_list):
+        out.append(f"{cls.name}: @dataclass without init=False makes an __init__ it drops")
+    out += [f"{cls.name}.__init__ never sets {name}" for name, _ in fields
+            if name not in assigned]
+    return out
+
+
+def test_written_dataclass_inits_take_their_fields() -> None:
+    """A dataclass that writes its own __init__ (mypyc compiles a written one: see
+    sim/batch.py) takes exactly the parameters dataclasses would give it."""
+    found, wrong = [], []
+    for name, path in MODULES.items():
+        for cls, init in _written_dataclass_inits(ast.parse(path.read_text())):
+            found.append(f"{name}.{cls.name}")
+            wrong += _init_mismatches(cls, init)
+    assert {"sim.request.Request", "sim.batch.BatchShape"} <= set(found)
+    assert not wrong, "\n".join(wrong)
+    broken = ast.parse("@dataclass\nclass A:\n    x: int\n    y: int = 0\n"
+                       "    def __init__(self, y: int = 0, x: int = 1) -> None:\n"
+                       "        self.x = x\n")
+    cls, init = next(_written_dataclass_inits(broken))
+    assert len(_init_mismatches(cls, init)) == 3  # the order, y never set, no init=False
+
+
 def test_the_checks_see_a_violation() -> None:
     """The layering check would catch the core importing a policy (guards the checker)."""
     assert _wing("sim.engine")[1] is not None
