@@ -13,6 +13,13 @@ sets first_token_time); at its finish limit (``sim.request.finish_limit``, store
 request's ``max_output_tokens`` at admission) it is done and the policy releases it.
 With no work the engine waits on the next arrival's timeout event; it never polls.
 
+The engine keeps its own clock (``now``) and skips a wait (the clock moves on at once,
+by the same sum ``now + dt`` SimPy makes, so no result changes) when no other process
+can see it: no ``on_release``, ``wake``, observer or executor, and no other event due by
+the wait's end (``env.peek()``). SimPy's clock catches up at the next wait it is handed
+(a progress slice's end). A SimPy timeout costs about 8,000 instructions, a sixth of an
+engine iteration.
+
 Two optional hooks serve sources that learn of arrivals only as the run goes (closed-loop
 clients, a cluster router): ``on_release(req, now)`` is called for every request the engine
 records (finished or rejected), and ``wake()`` is asked for an event to wait on when the
@@ -22,6 +29,7 @@ A single open-loop engine has neither and pays nothing for them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -120,6 +128,10 @@ class Engine:
         self._stall_max = self._stall_limit()
         self._last_preempted: Request | None = None
         self._unrecorded_preemptions = 0  # from plans that ran nothing: in the next row
+        # the engine's clock (module docstring): ahead of env.now while waits are skipped
+        self.now: float = env.now
+        self._own_clock = (on_release is None and wake is None and observer is None
+                           and executor is None)
 
     def start(self) -> simpy.Process:
         return self.env.process(self.process())
@@ -130,8 +142,9 @@ class Engine:
         update and record one step; idle until the next arrival when nothing runs. Ends
         when no request is left and none will come."""
         env, policy, arrivals, fast = self.env, self.policy, self.arrivals, self._fast
+        due = self._due()
         while True:
-            now = env.now
+            now = self.now
             for req in arrivals.pop_arrived(now):
                 self._admit(req)
             # (After a plan that preempted and ran nothing, the next step is planned one
@@ -139,7 +152,11 @@ class Engine:
             if fast is not None and not self._unrecorded_preemptions:
                 run = fast.plan(now)
                 if run is not None:  # advanced, updated and recorded at once
-                    yield env.timeout(run.times[-1] - now)
+                    dt = run.times[-1] - now
+                    if due <= now + dt:
+                        yield self._timeout(dt)
+                        due = self._due()
+                    self.now = now + dt
                     finished = fast.apply(run)
                     self._idle_schedules = 0
                     self._count_stall(run.samples, len(run.dts))
@@ -150,14 +167,40 @@ class Engine:
             if not plan.scheduled and (plan.group is None or not plan.group.members):
                 if self._plans_nothing(plan):
                     continue  # it preempted, so blocks were freed: plan again at once
-                event = self._idle_event(now)
+                nxt = arrivals.next_arrival_time()
+                if nxt is not None:  # idle until the next arrival
+                    dt = nxt - now
+                    if due <= now + dt:
+                        yield self._timeout(dt)
+                        due = self._due()
+                    self.now = now + dt
+                    continue
+                event = self.wake() if self.wake is not None else None
                 if event is None:
-                    return
+                    return  # no request will come
                 yield event
+                self.now = env.now
                 continue
             shape, dt = self._price(plan)
-            yield env.timeout(dt)
+            if due <= now + dt:
+                yield self._timeout(dt)
+                due = self._due()
+            self.now = now + dt
             self._update(plan, shape, now, dt)
+
+    def _due(self) -> float:
+        """When another event is due (s; inf: none; -inf: waits are never skipped). Only
+        this process's waits let other code run, so it changes only across them."""
+        return self.env.peek() if self._own_clock else -math.inf
+
+    def _timeout(self, dt: float) -> simpy.Event:
+        """SimPy's timeout at the end of a wait of ``dt`` s from the engine's clock: of
+        ``dt`` itself while SimPy's clock is the engine's, else of what brings SimPy's
+        up to it (module docstring)."""
+        env = self.env
+        if env.now == self.now:
+            return env.timeout(dt)
+        return env.timeout(max(self.now + dt - env.now, 0.0))
 
     # -- admit: the engine's guard, before any policy sees a request --
     def _admit(self, req: Request) -> None:
@@ -169,7 +212,7 @@ class Engine:
         req.reason = reason
         self.recorder.record_request(req)
         if self.on_release is not None:
-            self.on_release(req, self.env.now)
+            self.on_release(req, self.now)
 
     def _rejection_reason(self, req: Request) -> str | None:
         """Why ``req`` can never be served, or None. vLLM 0.33's engine refuses only a
@@ -212,14 +255,6 @@ class Engine:
             self._raise_stuck()
         return False
 
-    def _idle_event(self, now: float) -> simpy.Event | None:
-        """What an idle engine waits on: the next arrival's timeout, else the wake
-        hook's event; None when no request will come (the process ends)."""
-        nxt = self.arrivals.next_arrival_time()
-        if nxt is not None:
-            return self.env.timeout(nxt - now)
-        return self.wake() if self.wake is not None else None
-
     # -- price: what the step computes, and how long it takes --
     def _price(self, plan: BatchPlan) -> tuple[BatchShape, float]:
         """The step's shape (read before the update) and its duration (s): the cost
@@ -238,7 +273,7 @@ class Engine:
         running: they are released first, as in running order), the livelock watchdog,
         the observer, the releases and the step's row (preemptions of plans that ran
         nothing before it count in it)."""
-        end = self.env.now
+        end = self.now
         done, sampled = self._apply(plan, start, end)
         group = plan.group
         if group is not None and group.members:
@@ -358,6 +393,6 @@ class Engine:
         what = (f"{stall_steps} steps ran without sampling a token (a preempt / re-admit "
                 f"livelock?)" if stall_steps else "no progress")
         raise SchedulerStuck(
-            f"{what} at t={self.env.now:.6f}s while work is waiting: {who}; "
+            f"{what} at t={self.now:.6f}s while work is waiting: {who}; "
             f"free KV blocks {self.kv.num_free_blocks}/{self.kv.num_usable_blocks}"
         )
