@@ -1,5 +1,6 @@
 """Policy names -> classes, and loading a user's ``module:Class`` (an importable module,
-or a ``path/to/file.py``)."""
+or a ``path/to/file.py``). A built-in policy's module is imported when the policy is
+first asked for, so a run loads the one policy it runs."""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import ClassVar, Protocol, runtime_checkable
 
-from policies.chunked import ChunkedPolicy
-from policies.continuous import ContinuousPolicy
-from policies.static import StaticPolicy
 from sim.config import SchedulerConfig
 from sim.interface import Scheduler
 from sim.kv.block_pool import KVCacheManager
@@ -27,10 +25,12 @@ class Policy(Scheduler, Protocol):
     name: ClassVar[str]
 
 
-POLICIES: dict[str, type] = {
-    ChunkedPolicy.name: ChunkedPolicy,
-    ContinuousPolicy.name: ContinuousPolicy,
-    StaticPolicy.name: StaticPolicy,
+#: The built-in policies: name (the class's ``name``) -> ``module:Class``, imported by
+#: get_policy_class when asked for.
+POLICIES: dict[str, str] = {
+    "chunked": "policies.chunked:ChunkedPolicy",
+    "continuous": "policies.continuous:ContinuousPolicy",
+    "static": "policies.static:StaticPolicy",
 }
 
 
@@ -41,7 +41,9 @@ def get_policy_class(name: str) -> type:
     empty module or class name, or an object that is not a policy class (_check_policy_class).
     """
     if name in POLICIES:
-        return POLICIES[name]
+        mod_name, _, cls_name = POLICIES[name].partition(":")
+        built_in: type = getattr(importlib.import_module(mod_name), cls_name)
+        return built_in
     if ":" in name:
         mod_name, _, cls_name = name.rpartition(":")
         if not mod_name or not cls_name:

@@ -16,8 +16,6 @@ import math
 
 import numpy as np
 
-from scenarios.diurnal import DEFAULT_AMPLITUDE, diurnal
-
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant", "bursts", "diurnal")
 
 
@@ -121,13 +119,14 @@ def generate(
     *,
     burstiness: float = 1.0,
     burst_size: int = 8,
-    amplitude: float = DEFAULT_AMPLITUDE,
+    amplitude: float | None = None,
 ) -> np.ndarray:
     """Arrival times (s) of ``n`` requests from the named process at mean ``rate`` req/s.
 
     ``process`` is one of ``ARRIVAL_PROCESSES``. ``burstiness`` is used by ``gamma`` only;
     ``bursts`` sends ``burst_size`` requests every ``burst_size / rate`` seconds;
-    ``diurnal`` swings its rate by ``amplitude`` over a day (scenarios/diurnal.py).
+    ``diurnal`` swings its rate by ``amplitude`` over a day (scenarios/diurnal.py, imported
+    for that process only; None: its DEFAULT_AMPLITUDE).
 
     Raises:
         ValueError: unknown ``process`` or an invalid parameter (see each process).
@@ -142,5 +141,7 @@ def generate(
         _check_rate(rate)
         return bursts(n, burst_size, 0.0 if math.isinf(rate) else burst_size / rate)
     if process == "diurnal":
-        return diurnal(rate, amplitude, n, rng)
+        from scenarios.diurnal import DEFAULT_AMPLITUDE, diurnal
+
+        return diurnal(rate, DEFAULT_AMPLITUDE if amplitude is None else amplitude, n, rng)
     raise ValueError(f"arrival must be one of {', '.join(ARRIVAL_PROCESSES)}; got {process!r}")

@@ -16,26 +16,28 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scenarios.arrivals import generate
-from scenarios.diurnal import (
-    DEFAULT_AMPLITUDE,
-    check_amplitude,
-    partial_day_note,
-    realised_rate,
-)
-from scenarios.presets import ScenarioSpec, get_scenario
 from scenarios.trace_cache import load_trace_cached
 from scenarios.workload import Workload
 
+if TYPE_CHECKING:
+    from scenarios.presets import ScenarioSpec
+
 
 def _process_label(process: str, rate: float, burstiness: float,
-                   amplitude: float = DEFAULT_AMPLITUDE) -> str:
+                   amplitude: float | None = None) -> str:
+    """The process as the workload's source names it; ``amplitude`` None: the diurnal
+    process's default."""
     if process == "gamma":
         return f"gamma(rate={rate:g}, burstiness={burstiness:g})"
     if process == "diurnal":
+        from scenarios.diurnal import DEFAULT_AMPLITUDE
+
+        amplitude = DEFAULT_AMPLITUDE if amplitude is None else amplitude
         return f"diurnal(rate={rate:g}, amplitude={amplitude:g}, period 24 h)"
     return f"{process}({rate:g})"
 
@@ -50,6 +52,8 @@ def _with_diurnal_note(workload: Workload, rate: float) -> Workload:
     """``workload`` whose arrivals the diurnal process drew at mean ``rate`` req/s, with
     the rate they realise in its source and, when they cover less than a day, a note
     (scenarios.diurnal.partial_day_note)."""
+    from scenarios.diurnal import partial_day_note, realised_rate
+
     note = partial_day_note(workload.arrival_time, rate)
     return dataclasses.replace(
         workload, source=f"{workload.source}, realised "
@@ -61,7 +65,7 @@ def _from_trace(trace: Path, trace_format: str | None, arrival: str | None, rate
                 burstiness: float | None, num_requests: int | None, window_s: float | None,
                 rng: np.random.Generator, length_rng: np.random.Generator,
                 trace_sample: bool, tokenizer: str | None,
-                amplitude: float) -> Workload:
+                amplitude: float | None) -> Workload:
     """build_workload's trace side: ``rng`` re-times, ``length_rng`` draws the sample
     (``trace_sample``) and the oversampled copies."""
     sample_rng = length_rng if trace_sample else None
@@ -107,7 +111,7 @@ def _from_scenario(spec: ScenarioSpec, arrival: str | None, rate: float | None,
                    burstiness: float | None, num_requests: int | None,
                    window_s: float | None, arrival_rng: np.random.Generator,
                    length_rng: np.random.Generator,
-                   amplitude: float = DEFAULT_AMPLITUDE) -> Workload:
+                   amplitude: float | None = None) -> Workload:
     if arrival is None:
         arrival = "gamma" if burstiness is not None else spec.arrival
     k = spec.burstiness if burstiness is None else burstiness
@@ -151,20 +155,31 @@ def _check_time_scale(time_scale: float | None, arrival: str | None, rate: float
 
 
 def _process_shape(arrival: str | None, rate: float | None, burstiness: float | None,
-                   time_scale: float | None, amplitude: float | None) -> float:
-    """The diurnal process's amplitude: the one given (checked), else the default;
+                   time_scale: float | None, amplitude: float | None) -> float | None:
+    """The diurnal process's amplitude: the one given (checked), else None (its default,
+    scenarios/diurnal.py's DEFAULT_AMPLITUDE, which the diurnal process alone imports);
     ValueError for a burstiness or an amplitude given with another process, or a
     time_scale with a process (_check_time_scale)."""
     _check_time_scale(time_scale, arrival, rate, burstiness)
     if burstiness is not None and arrival not in (None, "gamma"):
         raise ValueError(f"burstiness applies to arrival 'gamma' only, got arrival {arrival!r}")
     if amplitude is None:
-        return DEFAULT_AMPLITUDE
+        return None
     if arrival != "diurnal":
         raise ValueError(f"diurnal_amplitude applies to arrival 'diurnal' only, got "
                          f"arrival {arrival!r}")
+    from scenarios.diurnal import check_amplitude
+
     check_amplitude(amplitude)
     return amplitude
+
+
+def _preset(scenario: str | None) -> ScenarioSpec:
+    """The preset ``scenario`` names (default "default"); the presets' module is imported
+    only here, so a trace run never loads it."""
+    from scenarios.presets import get_scenario
+
+    return get_scenario("default" if scenario is None else scenario)
 
 
 def _check_without_trace(trace_format: str | None, trace_sample: bool) -> None:
@@ -228,7 +243,7 @@ def build_workload(
                                trace_sample, tokenizer, amplitude)
     else:
         _check_without_trace(trace_format, trace_sample)
-        spec = get_scenario("default" if scenario is None else scenario)
+        spec = _preset(scenario)
         workload = _from_scenario(spec, arrival, rate, burstiness, num_requests, window_s,
                                   arrival_rng, length_rng, amplitude)
     if time_scale is not None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from scenarios.workload import Workload
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 
 class LengthDistribution(Protocol):

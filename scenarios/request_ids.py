@@ -12,10 +12,12 @@ an immutable sequence of ``str`` and compares equal to any sequence of the same 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 
 class RequestIds(Sequence[str]):

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 
 from scenarios.request_ids import RequestIds
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 _INT_FIELDS = ("num_prompt_tokens", "output_len", "max_tokens", "priority")
 _POSITIVE_FIELDS = ("num_prompt_tokens", "output_len", "max_tokens")

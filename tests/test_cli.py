@@ -325,3 +325,57 @@ def test_a_run_imports_no_other_commands_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.split() == ["['sim.app.cli.run']"]
+
+
+#: What a single-engine run on a CSV trace (chunked, no cluster, no disaggregation, stderr
+#: not a terminal) never imports: each is imported where a run asks for it (another
+#: policy, a router, a cluster, the pools, a prefix cache and its prompt content,
+#: --compare, a preset or the diurnal process, a JSON or servesim trace or a row pandas
+#: cannot parse, a progress bar).
+NOT_IMPORTED_BY_A_TRACE_RUN = (
+    "policies.continuous", "policies.static", "policies.routers", "policies.router_tree",
+    "scenarios.presets", "scenarios.lengths", "scenarios.prefixes", "scenarios.vllm_datasets",
+    "scenarios.diurnal", "scenarios.json_traces", "scenarios.mooncake", "scenarios.sharegpt",
+    "scenarios.vllm_bench", "scenarios.traces.rows", "scenarios.traces.servesim",
+    "sim.cluster", "sim.disagg", "sim.disagg.decode", "sim.disagg.link",
+    "sim.disagg.link_spec", "sim.disagg.prefill", "sim.disagg.records", "sim.disagg.system",
+    "sim.app.runs.compare", "sim.app.runs.disagg", "sim.app.runs.pools",
+    "sim.app.runs.prompt_content", "sim.kv.prefix_slots",
+    "sim.kv.block_cache", "sim.kv.free_block_queue", "sim.kv.radix_cache",
+    "rich.progress", "numpy.typing",
+)
+
+
+def test_a_trace_run_imports_only_what_it_runs(tmp_path: Path) -> None:
+    trace = tmp_path / "azure.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.5000000,{100 + i},{10 + i}\n" for i in range(40)))
+
+    def run_in_a_process(out: Path) -> str:
+        args = ["run", "--trace", str(trace), "--arrival", "poisson", "--rate", "5",
+                "--num-requests", "20", "--model", "llama-2-7b", "--gpu", "a100-80gb",
+                "--policy", "chunked", "--max-num-batched-tokens", "512",
+                "--max-num-seqs", "128", "--out", str(out)]
+        code = (f"import sys; from sim.app.cli import launch; sys.argv = ['servesim', *{args!r}]\n"
+                "try:\n    launch.main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+                f"print(sorted(m for m in {NOT_IMPORTED_BY_A_TRACE_RUN!r} if m in sys.modules))")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+
+    # The first run parses the trace with pandas (which imports numpy.typing) into the
+    # cache; the second reads the parse, as a run of a trace read before does.
+    run_in_a_process(tmp_path / "first")
+    out = run_in_a_process(tmp_path / "second")
+    assert "azure trace azure.csv" in out  # the run ran, on the trace
+    assert (tmp_path / "second" / "summary.json").is_file()
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_the_default_router_is_known_and_needs_no_prefix_cache() -> None:
+    """RunConfig checks its default router without importing policies/routers.py."""
+    from policies.routers import ROUTERS, check_prefix_cache
+
+    assert RunConfig.router in ROUTERS
+    check_prefix_cache(RunConfig.router, has_prefix_cache=False)  # raises for one that needs one
+    with pytest.raises(ValueError, match="router must be one of round-robin, "):
+        RunConfig(router="no-such-router")

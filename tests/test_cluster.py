@@ -16,7 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 import sim.app.runs.prompt_content as workload_content
-import sim.app.runs.runner as run_module
 from policies.chunked import ChunkedPolicy
 from policies.routers import ROUTERS, imbalanced, make_router
 from sim.app.cli.main import app
@@ -322,7 +321,8 @@ def test_cache_aware_lookups_change_only_the_routing(monkeypatch: pytest.MonkeyP
     routed = simulate_prepared(prep)
     where = routed.requests["replica"].to_numpy()  # workload order
     assert len(set(where)) == 3 and routed.summary["prefix_cache"]["evictions"] > 0
-    monkeypatch.setattr(run_module, "make_router", lambda name, **_: Replay(where))
+    # The runner imports make_router when a run has replicas: patched at its module.
+    monkeypatch.setattr("policies.routers.make_router", lambda name, **_: Replay(where))
     replay = simulate_prepared(prep)
     assert replay.summary == routed.summary
     for col, a in routed.request_table.items():

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim.app.runs.prompt_content as workload_content
-import sim.app.runs.run_arrivals as run_arrivals
 from policies import get_policy_class
 from scenarios.workload import Workload
 from sim.app.runs.runner import RunConfig, prepare, simulate_prepared
@@ -347,7 +346,7 @@ def test_fixed_slots_simulate_as_dynamic_ones(monkeypatch: pytest.MonkeyPatch, c
     if scenario == "mooncake":
         prep = dataclasses.replace(prep, workload=mooncake_like(150, 1))
     fixed_slots: list[bool] = []
-    real = run_arrivals.prompt_content
+    real = workload_content.prompt_content
 
     def spy(w: Workload, block_size: int, replicas: int = 1) -> ContentFn:
         content = real(w, block_size, replicas)
@@ -358,9 +357,10 @@ def test_fixed_slots_simulate_as_dynamic_ones(monkeypatch: pytest.MonkeyPatch, c
             fixed_slots.append(req.prefix_slots is not None and req.prompt_segments is None)
         return call
 
-    monkeypatch.setattr(run_arrivals, "prompt_content", spy)
+    # run_arrivals imports prompt_content when a run has a prefix cache: patched at its module.
+    monkeypatch.setattr(workload_content, "prompt_content", spy)
     fixed = simulate_prepared(prep)
-    monkeypatch.setattr(run_arrivals, "prompt_content", as_segments)
+    monkeypatch.setattr(workload_content, "prompt_content", as_segments)
     dynamic = simulate_prepared(prep)
     assert len(fixed_slots) == len(prep.workload) and all(fixed_slots)
     pc = fixed.summary["prefix_cache"]

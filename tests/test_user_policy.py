@@ -1,7 +1,8 @@
-"""User policies (``--policy module:Class`` or ``path/to/file.py:Class``): the worked
-example of docs/policies.md through the CLI, load errors as one line, the fast-path
-promise that a subclass overriding schedule() does not inherit, and the engine's
-watchdog against a deliberately broken policy that preempts and re-admits forever."""
+"""User policies (``--policy module:Class`` or ``path/to/file.py:Class``) and the built-in
+ones by name: the worked example of docs/policies.md through the CLI, load errors as one
+line, the fast-path promise that a subclass overriding schedule() does not inherit, and
+the engine's watchdog against a deliberately broken policy that preempts and re-admits
+forever."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from policies import get_policy_class
+from policies import POLICIES, get_policy_class
 from policies.base import QueuePolicy
 from policies.chunked import ChunkedPolicy
 from sim.app.cli.main import app
@@ -30,6 +31,19 @@ from tests.conftest import make_requests, run_sim
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "longest_waiting.py"
 EXAMPLE_POLICY = f"{EXAMPLE}:LongestWaitingFirst"
+
+
+def test_each_built_in_policy_is_its_class_of_that_name() -> None:
+    """POLICIES names each built-in policy's class, imported when it is asked for."""
+    # (sorted: a test that takes one out and puts it back moves it to the end)
+    assert sorted(POLICIES) == ["chunked", "continuous", "static"]
+    for name in POLICIES:
+        cls = get_policy_class(name)
+        assert cls.name == name and get_policy_class(name) is cls
+    assert get_policy_class("chunked") is ChunkedPolicy
+    with pytest.raises(ValueError, match=r"unknown policy 'fifo'; known: "
+                       + re.escape(", ".join(POLICIES)) + " or module:Class"):
+        get_policy_class("fifo")
 
 
 def test_example_policy_runs_through_the_cli(tmp_path: Path) -> None:

@@ -15,24 +15,27 @@ The format is detected from the first line (detect.py) or forced; ``burstgpt`` t
 filters: ``burstgpt:model=ChatGPT,log_type=Conversation log``. Every error is one line:
 missing file (FileNotFoundError with the path), unknown format (naming the columns seen),
 or a bad row ("trace.csv line 7: ContextTokens 'abc' is not an integer"; line 1 is the
-header).
+header). A reader's module is imported when a file needs it (``save_trace`` too, when
+first read), so a CSV that pandas parses loads neither the JSON readers nor rows.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from scenarios import json_traces
 from scenarios.request_ids import RequestIds
-from scenarios.traces import bulk, rows, servesim
+from scenarios.traces import bulk
 from scenarios.traces.detect import detect_format
 from scenarios.traces.files import check_file, read_lines
 from scenarios.traces.formats import CSV_FORMATS, Columns, CsvFormat, Progress, parse_filters
-from scenarios.traces.servesim import save_trace
 from scenarios.workload import Workload
+
+if TYPE_CHECKING:
+    from scenarios.traces.servesim import save_trace
 
 __all__ = ["TRACE_FORMATS", "detect_format", "load_lengths", "load_trace", "save_trace"]
 
@@ -55,6 +58,8 @@ def _load_csv(path: Path, spec: CsvFormat, filters: dict[str, str],
               num_requests: int | None, window_s: float | None) -> Workload:
     cols = bulk.read(path, spec, filters, num_requests, window_s)
     if cols is None:
+        from scenarios.traces import rows
+
         cols = rows.read(path, spec, filters, num_requests, window_s)
     if not len(cols.row):
         matching = ", ".join(f"{c} = {v}" for c, v in filters.items()) or "no filter"
@@ -74,6 +79,16 @@ def _no_arrivals(path: Path, spec: CsvFormat) -> ValueError:
         f"{path.name} holds lengths only ({spec.prompt}, {spec.output}), no arrival times: "
         "give --rate (requests/s) to time its requests (--arrival picks the process, "
         "default poisson)")
+
+
+def _check_tokenizer(path: Path, name: str) -> None:
+    """ValueError for a tokenizer given with a file of format ``name`` that has token
+    counts of its own (any outside the JSON family's, scenarios/json_traces.py)."""
+    from scenarios.json_traces import JSON_FORMATS
+
+    if name not in JSON_FORMATS:
+        raise ValueError(f"--tokenizer applies to ShareGPT JSON only; {path.name} is {name}, "
+                         "with token counts of its own")
 
 
 def _split_format(fmt: str) -> tuple[str, str]:
@@ -112,9 +127,8 @@ def load_trace(path: Path | str, fmt: str | None = None, *, num_requests: int | 
     check_file(path)
     name = detect_format(path) if name is None else name
     filters = parse_filters(name, filter_spec)
-    if tokenizer is not None and name not in json_traces.JSON_FORMATS:
-        raise ValueError(f"--tokenizer applies to ShareGPT JSON only; {path.name} is {name}, "
-                         "with token counts of its own")
+    if tokenizer is not None:
+        _check_tokenizer(path, name)
     if name in CSV_FORMATS:
         spec = CSV_FORMATS[name]
         if spec.clock == "none" and not retimed:
@@ -123,8 +137,12 @@ def load_trace(path: Path | str, fmt: str | None = None, *, num_requests: int | 
         if spec.clock == "none":
             workload = dataclasses.replace(workload, source=f"{workload.source} (lengths only)")
     elif name == "servesim":
+        from scenarios.traces import servesim
+
         workload = servesim.load(path, num_requests, window_s)
     else:
+        from scenarios import json_traces
+
         cut = num_requests is not None or window_s is not None
         stop = Progress("seconds", num_requests, window_s).add if cut else None
         workload = json_traces.load_json(path, read_lines(path), name, tokenizer, stop)
@@ -137,3 +155,12 @@ def load_lengths(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
     ``load_trace``."""
     workload = load_trace(path, retimed=True)
     return workload.num_prompt_tokens.copy(), workload.output_len.copy()
+
+
+def __getattr__(name: str) -> object:
+    """``save_trace`` (servesim.py), imported when first read."""
+    if name == "save_trace":
+        from scenarios.traces.servesim import save_trace
+
+        return save_trace
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,33 +4,36 @@ Owns detection. A JSON first line is one of the JSON formats (``json_format``, t
 hook to scenarios/json_traces.py, which owns that family); a CSV
 header is matched by its column names against each CSV format's required columns, in the
 order of ``_CSV_ORDER``. An unknown header is refused naming the columns seen and, when
-one format's columns are partly there, the ones it lacks.
+one format's columns are partly there, the ones it lacks. The JSON readers and servesim's
+reader are imported when a file is tried against them, so an Azure CSV loads neither.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from scenarios import json_traces
-from scenarios.traces import servesim
 from scenarios.traces.files import first_line, header, read_lines
 from scenarios.traces.formats import CSV_FORMATS
 
-#: CSV formats by the columns that identify them, the most specific first: Vidur's
-#: ``arrived_at`` file is a length-only file plus an arrival column.
-_CSV_ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("azure", CSV_FORMATS["azure"].required),
-    ("servesim", servesim.REQUIRED),
-    ("burstgpt", CSV_FORMATS["burstgpt"].required),
-    ("vidur", CSV_FORMATS["vidur"].required),
-    ("splitwise", CSV_FORMATS["splitwise"].required),
-    ("lengths", CSV_FORMATS["lengths"].required),
-)
+#: CSV formats in the order their columns (_required) are tried, the most specific first:
+#: Vidur's ``arrived_at`` file is a length-only file plus an arrival column.
+_CSV_ORDER = ("azure", "servesim", "burstgpt", "vidur", "splitwise", "lengths")
+
+
+def _required(name: str) -> tuple[str, ...]:
+    """The columns that identify CSV format ``name``: servesim.py's own, else formats.py's."""
+    if name == "servesim":
+        from scenarios.traces import servesim
+
+        return servesim.REQUIRED
+    return CSV_FORMATS[name].required
 
 
 def json_format(path: Path, lines: list[str]) -> str:
     """The JSON format of a file whose first line opens a JSON value (scenarios/
     json_traces.py tells them apart and names what it saw)."""
+    from scenarios import json_traces
+
     fmt = json_traces.detect_json(path, lines)
     assert fmt is not None, "called for a first line that opens a JSON value"
     return fmt
@@ -41,11 +44,12 @@ def csv_format(path: Path, line: str) -> str:
     the columns seen (and what the nearest format lacks) when none matches."""
     seen = header(line)
     columns = set(seen)
-    for name, required in _CSV_ORDER:
-        if columns.issuperset(required):
+    for name in _CSV_ORDER:
+        if columns.issuperset(_required(name)):
             return name
-    known = "; ".join(f"{name} ({', '.join(required)})" for name, required in _CSV_ORDER)
-    near = max(_CSV_ORDER, key=lambda item: len(columns.intersection(item[1])))
+    order = [(name, _required(name)) for name in _CSV_ORDER]
+    known = "; ".join(f"{name} ({', '.join(required)})" for name, required in order)
+    near = max(order, key=lambda item: len(columns.intersection(item[1])))
     hint = ""
     if columns.intersection(near[1]):
         lacking = ", ".join(c for c in near[1] if c not in columns)

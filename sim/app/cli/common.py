@@ -1,20 +1,23 @@
 """What every command shares: the consoles, the one-line failure (``fail``: stderr, exit
 code 1), the exceptions that count as bad input, and the progress of long work (a bar with
 the time left on a terminal, a plain line every few seconds elsewhere; stderr only, so
-stdout stays the same whether or not anyone watches)."""
+stdout stays the same whether or not anyone watches). rich's progress module is imported
+when a bar is drawn: a command off a terminal never loads it."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeElapsedColumn
-from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.progress import ProgressColumn
 
 # Off a terminal (pipes, CI logs) rich would assume 80 columns and cut numbers short.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -84,8 +87,11 @@ def progress_bar(*, terminal: bool | None = None, interval_s: float | None = Non
     if not (sys.stderr.isatty() if terminal is None else terminal):
         return ProgressLines(_progress_line,
                              LINE_INTERVAL_S if interval_s is None else interval_s, clock)
-    return Progress("[progress.description]{task.description}", BarColumn(), CountColumn(),
-                    TimeElapsedColumn(), TimeLeftColumn(), console=err_console,
+    from rich.progress import BarColumn, Progress, TimeElapsedColumn
+
+    count_column, time_left_column = _bar_columns()
+    return Progress("[progress.description]{task.description}", BarColumn(), count_column(),
+                    TimeElapsedColumn(), time_left_column(), console=err_console,
                     transient=True, get_time=clock)
 
 
@@ -122,20 +128,38 @@ def count_text(done: float, total: float | None, unit: str | None) -> str:
     return f"{count} {unit}" if unit else count
 
 
-class CountColumn(ProgressColumn):
-    """Done/total and the task's ``unit`` field (count_text)."""
+@functools.cache
+def _bar_columns() -> tuple[type[ProgressColumn], type[ProgressColumn]]:
+    """The bar's CountColumn and TimeLeftColumn, rich progress columns: classes made
+    once, when the first bar is drawn, as their base class is in rich's progress module,
+    which a command off a terminal never imports."""
+    from rich.progress import ProgressColumn, Task
+    from rich.text import Text
 
-    def render(self, task: Task) -> Text:
-        return Text(count_text(task.completed, task.total, task.fields.get("unit")),
-                    style="progress.download")
+    class CountColumn(ProgressColumn):
+        """Done/total and the task's ``unit`` field (count_text)."""
+
+        def render(self, task: Task) -> Text:
+            return Text(count_text(task.completed, task.total, task.fields.get("unit")),
+                        style="progress.download")
+
+    class TimeLeftColumn(ProgressColumn):
+        """"~2 min left" at the mean pace since the task started (time_left_text)."""
+
+        def render(self, task: Task) -> Text:
+            return Text(time_left_text(task.elapsed or 0.0, task.completed, task.total),
+                        style="progress.remaining")
+
+    return CountColumn, TimeLeftColumn
 
 
-class TimeLeftColumn(ProgressColumn):
-    """"~2 min left" at the mean pace since the task started (time_left_text)."""
-
-    def render(self, task: Task) -> Text:
-        return Text(time_left_text(task.elapsed or 0.0, task.completed, task.total),
-                    style="progress.remaining")
+def __getattr__(name: str) -> type[ProgressColumn]:
+    """``CountColumn`` and ``TimeLeftColumn``, the bar's columns (_bar_columns)."""
+    if name == "CountColumn":
+        return _bar_columns()[0]
+    if name == "TimeLeftColumn":
+        return _bar_columns()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(slots=True)

@@ -79,7 +79,6 @@ def run(
     and config.json to --out. One engine's records are streamed to --out as the run goes,
     so memory does not grow with the requests; --replicas above 1, --bench-result,
     --chrome-trace and --parquet hold every record in memory (docs/performance.md)."""
-    from sim.app.runs.compare import base_options, parse_cells
     from sim.app.runs.extra_outputs import Extras
     from sim.app.runs.runner import RunConfig, prepare
 
@@ -87,9 +86,9 @@ def run(
     extras = Extras(bench_result, chrome_trace, parquet)
     try:
         windows = _windows(parallel_windows, warmup, backend, workers, compare)
-        cells = parse_cells(compare) if compare is not None else None
+        cells, base = _cells(compare, opts)
         _check_extras(extras, cells)
-        cfg = RunConfig(**(opts if cells is None else base_options(opts, cells)))
+        cfg = RunConfig(**base)
         out = out or Path("runs/compare" if cells is not None else "runs/latest")
         _check_out(cfg, cells, out, report)
         prep = prepare(cfg)
@@ -106,6 +105,19 @@ def run(
     _single(prep, out, full_steps, extras, windows)
     if report:
         _write_report([out], out / "report.html")
+
+
+def _cells(compare: str | None, opts: dict[str, Any]
+           ) -> tuple[list[Any] | None, dict[str, Any]]:
+    """--compare's cells and the options of the config they share
+    (sim/app/runs/compare.py base_options); None and ``opts`` without --compare, which
+    then never imports compare's module."""
+    if compare is None:
+        return None, opts
+    from sim.app.runs.compare import base_options, parse_cells
+
+    cells = parse_cells(compare)
+    return cells, base_options(opts, cells)
 
 
 def _windows(parallel_windows: str | None, warmup: str | None, backend: str | None,
@@ -131,16 +143,17 @@ def _check_out(cfg: Any, cells: list[Any] | None, out: Path, report: bool) -> No
     compare writes cells, a report that may not be written, the router of a single run,
     a directory that is not a previous run. Prints compare's note on a budget that a
     static cell does not take."""
-    from sim.app.runs.compare import budget_note, check_cell
     from sim.app.runs.out_dir import check_files, check_run_dir, is_run_dir
     from sim.app.runs.runner import check_router
 
-    for c in cells or []:  # every cell checked before any output
-        check_cell(cfg, c)
-        check_run_dir(out / c.dir_name)
-    note = budget_note(cfg, cells) if cells is not None else None
-    if note is not None:
-        warn(note)
+    if cells is not None:
+        from sim.app.runs.compare import budget_note, check_cell
+
+        for c in cells:  # every cell checked before any output
+            check_cell(cfg, c)
+            check_run_dir(out / c.dir_name)
+        if (note := budget_note(cfg, cells)) is not None:
+            warn(note)
     if cells is not None and is_run_dir(out):
         raise ValueError(f"--out: {out} is a run directory; --compare writes a run "
                          "directory per cell under --out: give another")

@@ -13,6 +13,13 @@ import re
 from typing import Any
 
 from calibration.gpus import get_gpu
+from sim.app.runs.disagg_fields import (
+    DEVICE_FIELDS,
+    DISAGG_FIELDS,
+    LIMIT_FIELDS,
+    POOL_KNOBS,
+    POOLS,
+)
 from sim.config import SchedulerConfig
 from sim.disagg.link_spec import GBIT, KV_LINKS, LinkSpec
 
@@ -23,29 +30,6 @@ DEFAULT_KV_LINK = "ib"
 MAX_POOL_REPLICAS = 256
 
 _XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
-
-#: The two pools, in the order their fields are named.
-POOLS = ("prefill", "decode")
-
-#: The run's batch limits a pool may replace: ``{pool}_{field}`` is that pool's (None:
-#: the run's value).
-LIMIT_FIELDS = ("max_num_seqs", "max_num_batched_tokens")
-
-#: The per-pool vLLM knobs: RunConfig fields, each the run's field of that name for one
-#: pool.
-POOL_KNOBS = tuple(f"{pool}_{field}" for pool in POOLS for field in LIMIT_FIELDS)
-
-#: The run's device fields a pool may replace: ``{pool}_{field}`` is that pool's (None:
-#: the run's value; ``pool_value``).
-DEVICE_FIELDS = ("gpu", "tensor_parallel_size", "gpu_memory_utilization")
-
-#: The per-pool device fields: RunConfig fields, each the run's field of that name for one
-#: pool.
-POOL_DEVICES = tuple(f"{pool}_{field}" for pool in POOLS for field in DEVICE_FIELDS)
-
-#: The fields that apply to a disaggregated run only.
-DISAGG_FIELDS = ("kv_link", "kv_link_gbps", "kv_link_latency_us",
-                 "disagg_min_prompt_tokens", *POOL_KNOBS, *POOL_DEVICES)
 
 
 def parse_disagg(text: str) -> tuple[int, int]:
@@ -122,6 +106,14 @@ def pool_value(cfg: Any, pool: str, field: str) -> Any:
     (``{pool}_{field}``) where given, else the run's."""
     own = getattr(cfg, f"{pool}_{field}")
     return getattr(cfg, field) if own is None else own
+
+
+def pool_gpus(cfg: Any) -> int:
+    """GPUs a disaggregated run serves on: x x TP_p + y x TP_d for its xPyD pools (each
+    pool's TP: its own where given, else the run's)."""
+    x, y = parse_disagg(cfg.disagg)
+    return (x * pool_value(cfg, "prefill", "tensor_parallel_size")
+            + y * pool_value(cfg, "decode", "tensor_parallel_size"))
 
 
 def pool_run_config(cfg: Any, pool: str) -> Any:

@@ -5,7 +5,6 @@ sim.source.ClosedLoopArrivals), each with the prompt content prefix caching need
 from __future__ import annotations
 
 from scenarios.workload import Workload
-from sim.app.runs.prompt_content import prompt_content
 from sim.app.runs.run_config import RunConfig
 from sim.engine import ReleaseHook
 from sim.source import ArrivalSource, ClosedLoopArrivals, ColumnArrivals
@@ -15,10 +14,14 @@ def arrival_source(w: Workload, cfg: RunConfig,
                    prefix_cache: str) -> tuple[ArrivalSource, ReleaseHook | None]:
     """The arrival source of workload ``w`` run as ``cfg`` (resolved) says, and the release
     hook it needs: the workload's own arrivals (open loop), or closed-loop users over its
-    rows (``concurrency``); prompt content where ``prefix_cache`` is not "none"."""
+    rows (``concurrency``); prompt content where ``prefix_cache`` is not "none" (its
+    module imported only then)."""
     assert cfg.block_size is not None, "RunConfig resolves the block size"
-    content = (prompt_content(w, cfg.block_size, cfg.replicas)
-               if prefix_cache != "none" else None)
+    content = None
+    if prefix_cache != "none":
+        from sim.app.runs.prompt_content import prompt_content
+
+        content = prompt_content(w, cfg.block_size, cfg.replicas)
     if cfg.concurrency is None:
         return ColumnArrivals(w.arrival_time, w.num_prompt_tokens, w.output_len,
                               w.max_tokens, w.priority, w.request_id, content), None

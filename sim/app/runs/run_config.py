@@ -12,13 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from calibration.quantization import check_kv_cache_dtype, check_quantization_name
 from calibration.specs import DTYPE_BYTES, ModelSpec
-from policies.routers import ROUTERS, check_prefix_cache
-from scenarios.diurnal import check_amplitude
 from sim.app.runs.config_file import VLLM_DTYPES
 from sim.app.runs.cudagraph_settings import GRAPH_FIELDS, check_graph_fields
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
 from sim.app.runs.device import default_device
-from sim.app.runs.pools import DISAGG_FIELDS, check_disagg, parse_disagg, pool_value
+from sim.app.runs.disagg_fields import DISAGG_FIELDS
 from sim.app.runs.startup_checks import engine_platform, run_block_size
 from sim.config import PREFIX_CACHE_MODES
 from sim.latency_stats import check_slo_seconds
@@ -182,18 +180,19 @@ class RunConfig:
         _check_scale_out(self)
         _check_prefix_cache(self)
         _check_diurnal(self)
-        check_disagg(self)
+        if self.disagg is not None or any(getattr(self, f) is not None for f in DISAGG_FIELDS):
+            from sim.app.runs.pools import check_disagg
+
+            check_disagg(self)
 
     @property
     def num_gpus(self) -> int:
-        """GPUs the run serves on: replicas x TP, or x x TP_p + y x TP_d for a
-        disaggregated run's xPyD pools (each pool's TP: its own where given, else the
-        run's)."""
+        """GPUs the run serves on: replicas x TP, or its xPyD pools' (pools.pool_gpus)."""
         if self.disagg is None:
             return self.replicas * self.tensor_parallel_size
-        x, y = parse_disagg(self.disagg)
-        return (x * pool_value(self, "prefill", "tensor_parallel_size")
-                + y * pool_value(self, "decode", "tensor_parallel_size"))
+        from sim.app.runs.pools import pool_gpus
+
+        return pool_gpus(self)
 
 
 def dtype_name(dtype: str | None) -> str:
@@ -325,6 +324,8 @@ def _check_diurnal(cfg: RunConfig) -> None:
     if cfg.arrival != "diurnal":
         raise ValueError(f"diurnal_amplitude applies to --arrival diurnal only, got "
                          f"arrival {cfg.arrival!r}")
+    from scenarios.diurnal import check_amplitude
+
     check_amplitude(cfg.diurnal_amplitude)
 
 
@@ -351,7 +352,10 @@ def check_router(cfg: RunConfig, prefix_cache: str | None = None) -> None:
     ``prefix_cache`` is the run's mode where known (its scheduler's), else the config's;
     a default (None) is decided with the workload (prepare), so it passes here."""
     mode = prefix_cache or cfg.prefix_cache
-    if mode is not None:
+    # The default router needs no cache (tests/test_cli.py): its runs skip the import.
+    if mode is not None and cfg.router != RunConfig.router:
+        from policies.routers import check_prefix_cache
+
         check_prefix_cache(cfg.router, mode != "none")
 
 
@@ -368,8 +372,11 @@ def _check_scale_out(cfg: RunConfig) -> None:
     if cfg.replicas > MAX_REPLICAS:
         raise ValueError(f"replicas must be at most {MAX_REPLICAS} (every replica is "
                          f"simulated in this process, about 1 MB each), got {cfg.replicas}")
-    if cfg.router not in ROUTERS:
-        raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {cfg.router!r}")
+    if cfg.router != RunConfig.router:  # the default is a router (tests/test_cli.py)
+        from policies.routers import ROUTERS
+
+        if cfg.router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {cfg.router!r}")
     if cfg.concurrency is not None:
         if int(cfg.concurrency) != cfg.concurrency or cfg.concurrency < 1:
             raise ValueError(f"concurrency must be an integer >= 1, got {cfg.concurrency!r}")

@@ -24,7 +24,6 @@ from calibration.roofline import (
 )
 from calibration.specs import DTYPE_BYTES, GIB, ModelSpec
 from policies.registry import get_policy_class
-from policies.routers import make_router
 from scenarios.build import build_workload
 from scenarios.workload import Workload
 from sim.app.runs.config_file import absolute_paths
@@ -36,15 +35,7 @@ from sim.app.runs.defaults import (
     default_prefix_cache,
 )
 from sim.app.runs.device import range_warnings, run_device
-from sim.app.runs.disagg import (
-    EngineSide,
-    PoolEngine,
-    pool_engines,
-    simulate_disagg_prepared,
-)
 from sim.app.runs.kv_pool import kv_pool
-from sim.app.runs.pools import own_pool_engines
-from sim.app.runs.prompt_content import workload_segments
 from sim.app.runs.resources import check_memory
 from sim.app.runs.run_arrivals import arrival_source
 from sim.app.runs.run_config import MAX_REPLICAS as MAX_REPLICAS
@@ -58,6 +49,7 @@ from sim.source import ArrivalSource
 
 if TYPE_CHECKING:
     from calibration.profile import MeasuredRange, Profile
+    from sim.app.runs.disagg import EngineSide, PoolEngine
 
 
 @dataclass
@@ -116,22 +108,30 @@ def _engines(cfg: RunConfig, memory: bool = False
     pool's KV plan and blocks, as summary.json's kv_cache block does (the decode pool's):
     the KV capacity run prints, and config.json's resolved num_gpu_blocks,
     kv_capacity_tokens and kv_plan. Its CUDA-graph notes, of an engine no pool runs, are
-    left out; each pool's own are its PoolEngine's."""
-    if not own_pool_engines(cfg):
-        engine = _engine(cfg)
-        if memory:
-            check_memory(engine[0])
-        return engine, _pools(cfg, engine)
-    pools = _pools(cfg, None)
-    assert pools is not None, "a disaggregated run has pools"
-    decode = pools["decode"]
-    return _engine(cfg, (decode.kv_plan, decode.num_gpu_blocks)), pools
+    left out; each pool's own are its PoolEngine's. An aggregated run never imports the
+    pools' modules."""
+    if cfg.disagg is not None:
+        from sim.app.runs.pools import own_pool_engines
+
+        if own_pool_engines(cfg):
+            pools = _pools(cfg, None)
+            assert pools is not None, "a disaggregated run has pools"
+            decode = pools["decode"]
+            return _engine(cfg, (decode.kv_plan, decode.num_gpu_blocks)), pools
+    engine = _engine(cfg)
+    if memory:
+        check_memory(engine[0])
+    return engine, _pools(cfg, engine)
 
 
 def _pools(cfg: RunConfig, e: _Engine | None) -> dict[str, PoolEngine] | None:
     """disagg.pool_engines of ``cfg``, ``e`` its run's engine side (None where no pool
     runs it); a pool's own engine is prepare's engine side on the pool's config, its
-    memory checked."""
+    memory checked; None for an aggregated run."""
+    if cfg.disagg is None:
+        return None
+    from sim.app.runs.disagg import pool_engines
+
     def side(own: _Engine) -> EngineSide:
         return own[0], own[1], own[4], own[2], own[3], own[8]
 
@@ -340,12 +340,16 @@ def simulate_prepared(
     (StepExecutor: validation); ``fast_path`` False: the step-by-step reference."""
     w, cfg = prep.workload, prep.config
     if cfg.disagg is not None:
+        from sim.app.runs.disagg import simulate_disagg_prepared
+
         return simulate_disagg_prepared(prep, progress, fast_path, observer or executor)
     arrivals, common = engine_args(prep, progress)
     if cfg.replicas > 1:
         if observer is not None or executor is not None:
             raise ValueError("a step observer (slot diagram) or executor (validation) needs "
                              "replicas 1")
+        from policies.routers import make_router
+        from sim.app.runs.prompt_content import workload_segments
         from sim.cluster import simulate_cluster
 
         router = make_router(cfg.router, prompt_segments=workload_segments(w))
