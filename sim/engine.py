@@ -142,6 +142,7 @@ class Engine:
         update and record one step; idle until the next arrival when nothing runs. Ends
         when no request is left and none will come."""
         env, policy, arrivals, fast = self.env, self.policy, self.arrivals, self._fast
+        self.now = env.now  # started later than made, it starts from SimPy's clock
         due = self._due()
         while True:
             now = self.now

@@ -287,3 +287,30 @@ def test_another_process_sees_the_engine_as_if_every_wait_were_handed_to_simpy()
     assert len(readings) > 20 and readings == ref_readings
     np.testing.assert_array_equal(requests["finish_time"], ref_requests["finish_time"])
     assert events < ref_events
+
+
+def test_an_engine_started_after_it_was_made_starts_from_simpys_clock() -> None:
+    # Made at t=0, started at t=5: its request (arrived at 3, 3 tokens, one step each at
+    # c = 1) runs from 5 to 8, not from its arrival; with a release hook (every wait
+    # handed to SimPy) SimPy's clock ends there too.
+    from policies.chunked import ChunkedPolicy
+    from sim.config import SchedulerConfig
+    from sim.cost_model import ConstantCostModel
+    from sim.engine import Engine
+    from sim.kv.block_pool import KVCacheManager
+    from sim.metrics import Recorder
+    from sim.source import RequestListArrivals
+
+    env = simpy.Environment()
+    kv, rec, cfg = KVCacheManager(1000, 16), Recorder(), SchedulerConfig()
+    engine = Engine(env, policy=ChunkedPolicy(cfg, kv), cost_model=ConstantCostModel(1.0),
+                    kv=kv, config=cfg, recorder=rec,
+                    arrivals=RequestListArrivals(make_requests([3], arrivals=[3.0])),
+                    on_release=lambda req, now: released.append(now))
+    released: list[float] = []
+    env.run(until=5.0)
+    env.run(until=engine.start())
+    requests = rec.request_columns()
+    assert requests["first_scheduled_time"].tolist() == [5.0]
+    assert requests["finish_time"].tolist() == released == [8.0]
+    assert env.now == 8.0
