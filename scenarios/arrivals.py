@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from scenarios.diurnal import DEFAULT_AMPLITUDE, diurnal
+
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant", "bursts", "diurnal")
 
 
@@ -119,14 +121,13 @@ def generate(
     *,
     burstiness: float = 1.0,
     burst_size: int = 8,
-    amplitude: float | None = None,
+    amplitude: float = DEFAULT_AMPLITUDE,
 ) -> np.ndarray:
     """Arrival times (s) of ``n`` requests from the named process at mean ``rate`` req/s.
 
     ``process`` is one of ``ARRIVAL_PROCESSES``. ``burstiness`` is used by ``gamma`` only;
     ``bursts`` sends ``burst_size`` requests every ``burst_size / rate`` seconds;
-    ``diurnal`` swings its rate by ``amplitude`` over a day (scenarios/diurnal.py, imported
-    for that process only; None: its DEFAULT_AMPLITUDE).
+    ``diurnal`` swings its rate by ``amplitude`` over a day (scenarios/diurnal.py).
 
     Raises:
         ValueError: unknown ``process`` or an invalid parameter (see each process).
@@ -141,7 +142,5 @@ def generate(
         _check_rate(rate)
         return bursts(n, burst_size, 0.0 if math.isinf(rate) else burst_size / rate)
     if process == "diurnal":
-        from scenarios.diurnal import DEFAULT_AMPLITUDE, diurnal
-
-        return diurnal(rate, DEFAULT_AMPLITUDE if amplitude is None else amplitude, n, rng)
+        return diurnal(rate, amplitude, n, rng)
     raise ValueError(f"arrival must be one of {', '.join(ARRIVAL_PROCESSES)}; got {process!r}")

@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scenarios.arrivals import generate
+from scenarios.diurnal import (
+    DEFAULT_AMPLITUDE,
+    check_amplitude,
+    partial_day_note,
+    realised_rate,
+)
 from scenarios.trace_cache import load_trace_cached
 from scenarios.workload import Workload
 
@@ -29,15 +35,10 @@ if TYPE_CHECKING:
 
 
 def _process_label(process: str, rate: float, burstiness: float,
-                   amplitude: float | None = None) -> str:
-    """The process as the workload's source names it; ``amplitude`` None: the diurnal
-    process's default."""
+                   amplitude: float = DEFAULT_AMPLITUDE) -> str:
     if process == "gamma":
         return f"gamma(rate={rate:g}, burstiness={burstiness:g})"
     if process == "diurnal":
-        from scenarios.diurnal import DEFAULT_AMPLITUDE
-
-        amplitude = DEFAULT_AMPLITUDE if amplitude is None else amplitude
         return f"diurnal(rate={rate:g}, amplitude={amplitude:g}, period 24 h)"
     return f"{process}({rate:g})"
 
@@ -52,8 +53,6 @@ def _with_diurnal_note(workload: Workload, rate: float) -> Workload:
     """``workload`` whose arrivals the diurnal process drew at mean ``rate`` req/s, with
     the rate they realise in its source and, when they cover less than a day, a note
     (scenarios.diurnal.partial_day_note)."""
-    from scenarios.diurnal import partial_day_note, realised_rate
-
     note = partial_day_note(workload.arrival_time, rate)
     return dataclasses.replace(
         workload, source=f"{workload.source}, realised "
@@ -65,7 +64,7 @@ def _from_trace(trace: Path, trace_format: str | None, arrival: str | None, rate
                 burstiness: float | None, num_requests: int | None, window_s: float | None,
                 rng: np.random.Generator, length_rng: np.random.Generator,
                 trace_sample: bool, tokenizer: str | None,
-                amplitude: float | None) -> Workload:
+                amplitude: float) -> Workload:
     """build_workload's trace side: ``rng`` re-times, ``length_rng`` draws the sample
     (``trace_sample``) and the oversampled copies."""
     sample_rng = length_rng if trace_sample else None
@@ -111,7 +110,7 @@ def _from_scenario(spec: ScenarioSpec, arrival: str | None, rate: float | None,
                    burstiness: float | None, num_requests: int | None,
                    window_s: float | None, arrival_rng: np.random.Generator,
                    length_rng: np.random.Generator,
-                   amplitude: float | None = None) -> Workload:
+                   amplitude: float = DEFAULT_AMPLITUDE) -> Workload:
     if arrival is None:
         arrival = "gamma" if burstiness is not None else spec.arrival
     k = spec.burstiness if burstiness is None else burstiness
@@ -155,21 +154,18 @@ def _check_time_scale(time_scale: float | None, arrival: str | None, rate: float
 
 
 def _process_shape(arrival: str | None, rate: float | None, burstiness: float | None,
-                   time_scale: float | None, amplitude: float | None) -> float | None:
-    """The diurnal process's amplitude: the one given (checked), else None (its default,
-    scenarios/diurnal.py's DEFAULT_AMPLITUDE, which the diurnal process alone imports);
+                   time_scale: float | None, amplitude: float | None) -> float:
+    """The diurnal process's amplitude: the one given (checked), else the default;
     ValueError for a burstiness or an amplitude given with another process, or a
     time_scale with a process (_check_time_scale)."""
     _check_time_scale(time_scale, arrival, rate, burstiness)
     if burstiness is not None and arrival not in (None, "gamma"):
         raise ValueError(f"burstiness applies to arrival 'gamma' only, got arrival {arrival!r}")
     if amplitude is None:
-        return None
+        return DEFAULT_AMPLITUDE
     if arrival != "diurnal":
         raise ValueError(f"diurnal_amplitude applies to arrival 'diurnal' only, got "
                          f"arrival {arrival!r}")
-    from scenarios.diurnal import check_amplitude
-
     check_amplitude(amplitude)
     return amplitude
 

@@ -18,11 +18,8 @@ interpolation, as vLLM's benchmark uses (sim/latency_stats.py).
 
 from __future__ import annotations
 
-import struct
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from operator import sub
 from typing import Any, Protocol
 
@@ -47,7 +44,8 @@ REQUEST_COLUMNS = (
 #: The step columns that stay constant over a decode run, as record_step stores them.
 _CONST_STEP_COLUMNS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
                        "slots_useful", "slots_idle", "slots_empty", "num_preempted")
-#: Constant-column tuples held before they are packed into an array (bounds memory).
+#: Step record calls whose values are held in lists before they are settled into numpy
+#: chunks (bounds memory), and handed to a sink.
 _PACK_ROWS = 1 << 16
 #: What record_request stores per request, in this order.
 _RAW_REQUEST_COLUMNS = tuple(c for c in REQUEST_COLUMNS if c not in (
@@ -93,9 +91,9 @@ class StepRow:
 class Recorder:
     """Append-only columns of request rows, step rows and ITL samples (seconds).
 
-    Step rows are stored in typed arrays (8 bytes a field), the columns that stay
-    constant over a decode run once per run, so a long run does not hold a Python object
-    per step or per token. ``request_columns`` and ``step_columns`` return
+    Step rows are stored in numpy chunks (sim.table.ColumnBuffer: 8 bytes a field), the
+    columns that stay constant over a decode run once per run, so a long run does not
+    hold a Python object per step or per token. ``request_columns`` and ``step_columns`` return
     them as column tables (sim/table.py). Given a ``sink``, every _PACK_ROWS step records
     it hands everything recorded so far to the sink and forgets it (the tables are then
     the sink's: request_columns, step_columns and itl_samples hold only what is pending).
@@ -105,37 +103,41 @@ class Recorder:
         self._sink = sink
         self._num_flushed_requests = self._num_flushed_steps = 0
         self._req_rows: list[tuple[Any, ...]] = []
-        self._req_index: array[int] = array("q")
+        self._req_index = ColumnBuffer(np.int64)
         # ITL samples: irregular gaps one by one (a request that skipped steps: a
         # preemption stall, a decode left out by the token budget) and, for every step,
         # its duration with the number of tokens whose gap was exactly that step.
         self._itl = ColumnBuffer(np.float64)
         self._itl_step_s = ColumnBuffer(np.float64)
         self._itl_step_count = ColumnBuffer(np.int64)
-        # Step rows. start_time, duration_s and kv_blocks_used change from step to step:
-        # numpy chunks (8 bytes a field), settled at every pack and before any read. The
-        # other columns are constant over a decode run: one tuple of them per record
-        # call with the number of steps it covers, packed into int64 arrays every
-        # _PACK_ROWS calls.
+        # Step rows. start_time, duration_s and kv_blocks_used change from step to step.
+        # The other columns are constant over a decode run: stored once per record call
+        # (_consts, flat in _CONST_STEP_COLUMNS order) with the number of steps it covers
+        # (_row_steps). Every _PACK_ROWS record calls the values are settled.
         self._start = ColumnBuffer(np.float64)
         self._duration = ColumnBuffer(np.float64)
         self._blocks = ColumnBuffer(np.int64)
+        self._consts = ColumnBuffer(np.int64)
+        self._row_steps = ColumnBuffer(np.int64)
+        self._columns = (self._req_index, self._itl, self._itl_step_s, self._itl_step_count,
+                         self._start, self._duration, self._blocks, self._consts,
+                         self._row_steps)
+        # The hot path appends to the pending lists themselves: ColumnBuffer is not
+        # compiled, so reaching its ``pending`` would cost an attribute lookup each time.
+        self._new_req_index: list[int] = self._req_index.pending
         self._new_start: list[float] = self._start.pending
         self._new_duration: list[float] = self._duration.pending
         self._new_blocks: list[int] = self._blocks.pending
+        self._new_consts: list[int] = self._consts.pending
+        self._new_row_steps: list[int] = self._row_steps.pending
         self._new_itl: list[float] = self._itl.pending
         self._new_itl_step_s: list[float] = self._itl_step_s.pending
         self._new_itl_step_count: list[int] = self._itl_step_count.pending
-        self._rows: list[tuple[int, ...]] = []
-        self._rows_append = self._rows.append
-        self._row_steps = array("q")
-        self._row_steps_append = self._row_steps.append
-        self._packed: list[np.ndarray] = []
 
     def record_request(self, req: Request) -> None:
         """Store the final state of a finished or rejected request (its status's text
         read as ``_value_``: the ``value`` property is an interpreted call)."""
-        self._req_index.append(req.index)
+        self._new_req_index.append(req.index)
         self._req_rows.append((
             req.request_id, req.arrival_time, req.first_scheduled_time, req.first_token_time,
             req.finish_time, req.num_prompt_tokens, req.num_output_tokens,
@@ -148,11 +150,11 @@ class Recorder:
         self._new_start.append(row.start_time)
         self._new_duration.append(row.duration_s)
         self._new_blocks.append(row.kv_blocks_used)
-        self._rows_append((row.num_seqs, row.num_prefill_tokens, row.num_decode_tokens,
-                           row.num_waiting, row.slots_useful, row.slots_idle, row.slots_empty,
-                           row.num_preempted))
-        self._row_steps_append(1)
-        if len(self._rows) >= _PACK_ROWS:
+        self._new_consts.extend((row.num_seqs, row.num_prefill_tokens, row.num_decode_tokens,
+                                 row.num_waiting, row.slots_useful, row.slots_idle,
+                                 row.slots_empty, row.num_preempted))
+        self._new_row_steps.append(1)
+        if len(self._new_row_steps) >= _PACK_ROWS:
             self._pack()
 
     # -- ITL samples: every path of the engine books them here --
@@ -181,28 +183,13 @@ class Recorder:
             self._new_itl_step_s.extend(map(sub, times[2:], times[1:-1]))
             self._new_itl_step_count.extend([count] * (len(times) - 2))
 
-    def _settle(self) -> None:
-        """Move the values waiting in lists into numpy chunks."""
-        for col in (self._start, self._duration, self._blocks, self._itl, self._itl_step_s,
-                    self._itl_step_count):
-            col.settle()
-
-    def _pack(self, flush: bool = True) -> None:
-        """Move the pending constant-column tuples into an int64 array and the pending
-        values into their typed arrays; with a sink (and ``flush``), then hand it
+    def _pack(self) -> None:
+        """Move the pending values into numpy chunks; with a sink, then hand it
         everything recorded so far."""
-        self._settle()
-        if self._rows:
-            # every tuple holds len(_CONST_STEP_COLUMNS) ints: packed in one flat pass as
-            # C long longs (int64), as sim.table.ColumnBuffer packs its values
-            n, width = len(self._rows), len(_CONST_STEP_COLUMNS)
-            flat = np.frombuffer(struct.pack(f"{n * width}q",
-                                             *chain.from_iterable(self._rows)),
-                                 dtype=np.int64)
-            self._packed.append(flat.reshape(n, width))
-            self._rows.clear()
-            if flush and self._sink is not None:
-                self.flush()
+        for col in self._columns:
+            col.settle()
+        if self._sink is not None:
+            self.flush()
 
     def flush(self) -> None:
         """Hand every pending record to the sink and forget it (no-op without a sink);
@@ -210,21 +197,19 @@ class Recorder:
         sink = self._sink
         if sink is None:
             return
-        self._pack(flush=False)
         if self._req_rows:
-            index = np.frombuffer(self._req_index, dtype=np.int64).copy()
+            index = self._req_index.values()
             table = _request_table(self._req_rows, index)  # ordered by index
             sink.write_requests(np.sort(index, kind="stable"), table)
             self._num_flushed_requests += len(self._req_rows)
             self._req_rows.clear()
-            del self._req_index[:]
+            self._req_index.clear()
         if len(self._start):
             sink.write_steps(self.step_columns())
             self._num_flushed_steps += len(self._start)
-            for col in (self._start, self._duration, self._blocks):
+            for col in (self._start, self._duration, self._blocks, self._consts,
+                        self._row_steps):
                 col.clear()
-            del self._row_steps[:]
-            self._packed.clear()
         if len(self._itl) or len(self._itl_step_s):
             sink.write_itl(self._itl_step_s.values(), self._itl_step_count.values(),
                            self._itl.values())
@@ -258,9 +243,9 @@ class Recorder:
         self._new_start.extend(times[:k])
         self._new_duration.extend(dts)
         self._new_blocks.extend(kv_blocks_used)
-        self._rows_append(row)
-        self._row_steps_append(k)
-        if len(self._rows) >= _PACK_ROWS:
+        self._new_consts.extend(row)
+        self._new_row_steps.append(k)
+        if len(self._new_row_steps) >= _PACK_ROWS:
             self._pack()
 
     @property
@@ -278,18 +263,13 @@ class Recorder:
         column table (sim/table.py) of REQUEST_COLUMNS. Times are float64 seconds (NaN
         where the event never happened or the metric is undefined), counts int64,
         request_id / status / finish_reason / reason object arrays (str or None)."""
-        index = (np.frombuffer(self._req_index, dtype=np.int64) if len(self._req_index)
-                 else np.zeros(0, dtype=np.int64))
-        return _request_table(self._req_rows, index)
+        return _request_table(self._req_rows, self._req_index.values())
 
     def step_columns(self) -> dict[str, np.ndarray]:
         """One row per engine step: a column table of STEP_COLUMNS (start_time and
         duration_s float64 seconds, the rest int64 counts)."""
-        self._pack(flush=False)
-        rows = (np.concatenate(self._packed) if self._packed
-                else np.zeros((0, len(_CONST_STEP_COLUMNS)), dtype=np.int64))
-        steps = np.repeat(rows, np.frombuffer(self._row_steps, dtype=np.int64)
-                          if len(self._row_steps) else np.zeros(0, dtype=np.int64), axis=0)
+        rows = self._consts.values().reshape(-1, len(_CONST_STEP_COLUMNS))
+        steps = np.repeat(rows, self._row_steps.values(), axis=0)
         out = {"start_time": self._start.values(), "duration_s": self._duration.values(),
                "kv_blocks_used": self._blocks.values()}
         out.update({c: steps[:, i].copy() for i, c in enumerate(_CONST_STEP_COLUMNS)})

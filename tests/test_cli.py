@@ -330,12 +330,12 @@ def test_a_run_imports_no_other_commands_module() -> None:
 #: What a single-engine run on a CSV trace (chunked, no cluster, no disaggregation, stderr
 #: not a terminal) never imports: each is imported where a run asks for it (another
 #: policy, a router, a cluster, the pools, a prefix cache and its prompt content,
-#: --compare, a preset or the diurnal process, a JSON or servesim trace or a row pandas
+#: --compare, a preset, a JSON or servesim trace or a row pandas
 #: cannot parse, a progress bar).
 NOT_IMPORTED_BY_A_TRACE_RUN = (
     "policies.continuous", "policies.static", "policies.routers", "policies.router_tree",
     "scenarios.presets", "scenarios.lengths", "scenarios.prefixes", "scenarios.vllm_datasets",
-    "scenarios.diurnal", "scenarios.json_traces", "scenarios.mooncake", "scenarios.sharegpt",
+    "scenarios.json_traces", "scenarios.mooncake", "scenarios.sharegpt",
     "scenarios.vllm_bench", "scenarios.traces.rows", "scenarios.traces.servesim",
     "sim.cluster", "sim.disagg", "sim.disagg.decode", "sim.disagg.link",
     "sim.disagg.link_spec", "sim.disagg.prefill", "sim.disagg.records", "sim.disagg.system",

@@ -12,8 +12,7 @@ from typer.testing import CliRunner
 
 from scenarios.arrivals import generate
 from scenarios.build import build_workload
-from scenarios.diurnal import DAY_S, DEFAULT_AMPLITUDE, diurnal, diurnal_rate, partial_day_note
-from scenarios.workload import Workload
+from scenarios.diurnal import DAY_S, diurnal, diurnal_rate, partial_day_note
 from sim.app.cli.main import app
 
 
@@ -57,21 +56,6 @@ def test_scenario_retimed_by_the_diurnal_process() -> None:
         diurnal(1.0, 1.5, 10, np.random.default_rng(0))
     with pytest.raises(ValueError, match="finite number > 0"):
         diurnal(math.inf, 0.5, 10, np.random.default_rng(0))
-
-
-def test_no_amplitude_is_the_default_amplitude() -> None:
-    def workload(amplitude: float | None) -> Workload:
-        return build_workload(trace=None, trace_format=None, scenario=None,
-                              arrival="diurnal", rate=2.0, burstiness=None, num_requests=200,
-                              window_s=None, time_scale=None, max_tokens=None, seed=3,
-                              diurnal_amplitude=amplitude)
-
-    default, given = workload(None), workload(DEFAULT_AMPLITUDE)
-    assert np.array_equal(default.arrival_time, given.arrival_time)
-    assert default.source == given.source and "amplitude=0.5, period 24 h" in default.source
-    rng = np.random.default_rng
-    assert np.array_equal(generate("diurnal", 2.0, 50, rng(1)),
-                          generate("diurnal", 2.0, 50, rng(1), amplitude=DEFAULT_AMPLITUDE))
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from calibration.quantization import check_kv_cache_dtype, check_quantization_name
 from calibration.specs import DTYPE_BYTES, ModelSpec
+from scenarios.diurnal import check_amplitude
 from sim.app.runs.config_file import VLLM_DTYPES
 from sim.app.runs.cudagraph_settings import GRAPH_FIELDS, check_graph_fields
 from sim.app.runs.defaults import UNBUDGETED_POLICIES
@@ -324,8 +325,6 @@ def _check_diurnal(cfg: RunConfig) -> None:
     if cfg.arrival != "diurnal":
         raise ValueError(f"diurnal_amplitude applies to --arrival diurnal only, got "
                          f"arrival {cfg.arrival!r}")
-    from scenarios.diurnal import check_amplitude
-
     check_amplitude(cfg.diurnal_amplitude)
 
 
